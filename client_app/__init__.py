@@ -1,0 +1,1 @@
+"""The Flower ClientApp: one node = one data source, with its own tokenizer and embeddings."""

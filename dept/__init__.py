@@ -1,0 +1,1 @@
+"""DEPT core: config, model split, sources, tokenizers, training, evaluation (no Flower)."""

@@ -1,0 +1,140 @@
+"""How a client trains: N local AdamW steps on its own source, on one global LR schedule.
+
+The learning rate is a function of the *global* step the server sends (warmup, then cosine
+to ``min-lr-ratio`` over all rounds), so it does not restart every round.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from tqdm import tqdm
+from transformers import PreTrainedModel
+
+from dept.config import DeptConfig
+
+log = logging.getLogger(__name__)
+ADAM_BETAS = (0.9, 0.95)
+
+
+@dataclass
+class TrainStats:
+    steps: int
+    tokens: int
+    mean_loss: float
+    final_loss: float
+    seconds: float
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.seconds if self.seconds > 0 else 0.0
+
+
+def resolve_device(name: str) -> torch.device:
+    """``auto`` picks CUDA, then Apple MPS, then CPU."""
+    if name == "auto":
+        if torch.cuda.is_available():
+            return torch.device("cuda")
+        if torch.backends.mps.is_available():
+            return torch.device("mps")
+        return torch.device("cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("config key 'device' is 'cuda' but no CUDA device is visible here")
+    return torch.device(name)
+
+
+def lr_at(step: int, cfg: DeptConfig) -> float:
+    """Linear warmup to ``lr`` then cosine decay to ``lr * min-lr-ratio`` at the last step."""
+    if step < cfg.warmup_steps:
+        return cfg.lr * (step + 1) / cfg.warmup_steps
+    span = max(1, cfg.total_steps - cfg.warmup_steps)
+    progress = min(1.0, (step - cfg.warmup_steps) / span)
+    floor = cfg.lr * cfg.min_lr_ratio
+    return floor + 0.5 * (cfg.lr - floor) * (1 + math.cos(math.pi * progress))
+
+
+def make_inner_optimizer(model: PreTrainedModel, cfg: DeptConfig) -> torch.optim.AdamW:
+    """AdamW with weight decay on matrices only (not on norms); fused on CUDA."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    groups = [
+        {"params": [p for p in params if p.dim() >= 2], "weight_decay": cfg.weight_decay},
+        {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
+    ]
+    device = next(model.parameters()).device
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=ADAM_BETAS, fused=device.type == "cuda")
+
+
+def autocast(device: torch.device) -> contextlib.AbstractContextManager:
+    """bf16 autocast on CUDA; full precision elsewhere."""
+    if device.type == "cuda":
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+def next_token_loss(model: PreTrainedModel, batch: torch.Tensor) -> torch.Tensor:
+    """Mean cross-entropy of ``batch[:, 1:]`` given ``batch[:, :-1]``; batch is (B, T+1)."""
+    logits = model(input_ids=batch[:, :-1]).logits  # (B, T, V)
+    return F.cross_entropy(logits.float().flatten(0, 1), batch[:, 1:].flatten())
+
+
+def train_local(
+    model: PreTrainedModel,
+    optimizer: torch.optim.Optimizer,
+    batches: Iterator[np.ndarray],
+    cfg: DeptConfig,
+    *,
+    start_step: int,
+    desc: str,
+) -> TrainStats:
+    """Run ``cfg.local_steps`` optimizer steps of ``cfg.grad_accum_steps`` micro-batches each."""
+    device = next(model.parameters()).device
+    model.train()
+    losses: list[float] = []
+    tokens = 0
+    started = time.perf_counter()
+    bar = tqdm(
+        range(cfg.local_steps), desc=desc, unit="step", mininterval=2.0, leave=False, disable=None
+    )  # a bar on a terminal; log lines below everywhere else
+    log_every = max(1, cfg.local_steps // 4)
+    for local_step in bar:
+        for group in optimizer.param_groups:
+            group["lr"] = lr_at(start_step + local_step, cfg)
+        step_loss = 0.0
+        for _ in range(cfg.grad_accum_steps):
+            batch = torch.from_numpy(next(batches)).to(device, dtype=torch.long, non_blocking=True)
+            with autocast(device):
+                loss = next_token_loss(model, batch) / cfg.grad_accum_steps
+            loss.backward()
+            step_loss += loss.item()
+            tokens += batch.shape[0] * (batch.shape[1] - 1)
+        if cfg.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        if not math.isfinite(step_loss):
+            raise FloatingPointError(f"{desc}: loss became {step_loss} at local step {local_step}")
+        losses.append(step_loss)
+        tok_s = tokens / max(time.perf_counter() - started, 1e-9)
+        bar.set_postfix(loss=f"{step_loss:.3f}", tok_s=f"{tok_s:.0f}")
+        if (local_step + 1) % log_every == 0:
+            log.info(
+                "%s: step %d/%d (global %d) loss %.4f lr %.2e %.0f tokens/s",
+                desc,
+                local_step + 1,
+                cfg.local_steps,
+                start_step + local_step + 1,
+                step_loss,
+                optimizer.param_groups[0]["lr"],
+                tok_s,
+            )
+    seconds = time.perf_counter() - started
+    stats = TrainStats(len(losses), tokens, float(np.mean(losses)), losses[-1], seconds)
+    return stats

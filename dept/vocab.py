@@ -1,0 +1,123 @@
+"""Tokenizers: training (per source for SPEC-OPT, global for SPEC), loading, and V_k.
+
+All tokenizers are byte-level BPE, so every source (any script, code included) is encoded
+without unknown tokens and each token maps to an exact number of UTF-8 bytes, which is what
+bits-per-byte needs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+import numpy as np
+from filelock import FileLock
+from transformers import PreTrainedTokenizerFast
+
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+EOS_TOKEN = "<|endoftext|>"
+SPECIAL_TOKENS = (EOS_TOKEN,)
+TOKENIZER_FILE = "tokenizer.json"
+MIN_VOCAB_SIZE = 256 + len(SPECIAL_TOKENS) + 1
+TRAIN_SAMPLE_BYTES = 32_000_000
+
+
+def train_tokenizer(texts: Iterable[str], vocab_size: int, out_dir: Path) -> Path:
+    """Train a byte-level BPE tokenizer on ``texts`` and write ``out_dir/tokenizer.json``."""
+    if vocab_size < MIN_VOCAB_SIZE:
+        raise ValueError(f"vocab-size {vocab_size} is below the minimum {MIN_VOCAB_SIZE}")
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        min_frequency=2,
+        special_tokens=list(SPECIAL_TOKENS),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tokenizer.train_from_iterator(_capped(texts, TRAIN_SAMPLE_BYTES), trainer=trainer)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / TOKENIZER_FILE
+    tmp = path.with_suffix(".tmp")
+    tokenizer.save(str(tmp))
+    tmp.replace(path)
+    return path
+
+
+def _capped(texts: Iterable[str], max_bytes: int) -> Iterator[str]:
+    seen = 0
+    for text in texts:
+        yield text
+        seen += len(text.encode("utf-8"))
+        if seen >= max_bytes:
+            return
+
+
+def ensure_tokenizer(out_dir: Path, vocab_size: int, texts: Iterable[str]) -> Path:
+    """Return ``out_dir/tokenizer.json``, training it first if absent (once, under a file lock)."""
+    path = out_dir / TOKENIZER_FILE
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(out_dir / ".lock")):
+        if not path.is_file():
+            train_tokenizer(texts, vocab_size, out_dir)
+    return path
+
+
+def load_tokenizer(path: Path) -> PreTrainedTokenizerFast:
+    """Load a trained ``tokenizer.json`` as a transformers fast tokenizer."""
+    if not path.is_file():
+        raise FileNotFoundError(f"tokenizer file {path} does not exist")
+    return PreTrainedTokenizerFast(tokenizer_file=str(path), eos_token=EOS_TOKEN)
+
+
+def tokenizer_digest(path: Path) -> str:
+    """Short content hash, used to key caches built with this tokenizer."""
+    return hashlib.sha256(path.read_bytes()).hexdigest()[:16]
+
+
+def token_byte_lengths(tokenizer: PreTrainedTokenizerFast) -> np.ndarray:
+    """UTF-8 bytes each token id stands for (byte-level BPE: one symbol = one byte).
+
+    The EOS token counts as one byte: it stands for the boundary between two documents.
+    Other special tokens count zero.
+    """
+    vocab = tokenizer.get_vocab()
+    lengths = np.zeros(len(tokenizer), dtype=np.int64)
+    specials = set(tokenizer.all_special_tokens)
+    for token, idx in vocab.items():
+        lengths[idx] = 0 if token in specials else len(token)
+    lengths[tokenizer.convert_tokens_to_ids(EOS_TOKEN)] = 1
+    return lengths
+
+
+def source_vocabulary(train_ids: np.ndarray, tokenizer: PreTrainedTokenizerFast) -> np.ndarray:
+    """V_k: the sorted global ids that occur in a source's training tokens, plus specials."""
+    specials = np.asarray(tokenizer.all_special_ids, dtype=np.int64)
+    return np.union1d(np.unique(train_ids.astype(np.int64)), specials)
+
+
+class VocabMap:
+    """Maps global token ids to rows of a source's own embedding matrix (SPEC).
+
+    Rows 0..|V_k|-1 hold V_k in order; one extra last row stands for every global id outside
+    V_k, so validation text with unseen tokens still gets a proper probability: the model's
+    mass on that row is shared uniformly among the ``num_outside`` ids it stands for.
+    """
+
+    def __init__(self, kept_ids: np.ndarray, global_vocab_size: int) -> None:
+        self.kept_ids = np.asarray(kept_ids, dtype=np.int64)
+        self.global_vocab_size = global_vocab_size
+        self.other_row = len(self.kept_ids)
+        self.num_outside = global_vocab_size - len(self.kept_ids)
+        self._to_local = np.full(global_vocab_size, self.other_row, dtype=np.int64)
+        self._to_local[self.kept_ids] = np.arange(len(self.kept_ids))
+
+    @property
+    def local_vocab_size(self) -> int:
+        return len(self.kept_ids) + 1
+
+    def to_local(self, global_ids: np.ndarray) -> np.ndarray:
+        return self._to_local[global_ids]

@@ -1,0 +1,145 @@
+"""What a source keeps on its own node, between rounds and across restarts.
+
+Layout under the node's state root (``state-dir``)::
+
+    cache/tokenizers/<name>-<hash>/tokenizer.json   trained once, reused by every run
+    cache/tokens/<name>/tokens-<hash>.npz           tokenized splits
+    cache/synthetic/...                             generated built-in corpora
+    runs/<run-id>/<source>/embeddings.safetensors   φ_k (input, and output when untied)
+    runs/<run-id>/<source>/vocab_ids.npy            V_k (SPEC)
+    runs/<run-id>/<source>/optimizer.pt             inner AdamW state (weights_only load)
+    runs/<run-id>/<source>/position.json            where the training stream stands
+
+Every file is written to a temporary name and renamed, so a crash never leaves half a file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import zlib
+from collections.abc import Iterator
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from safetensors.torch import load_file, save_file
+
+from dept.data import SourceText, StreamPosition, load_source_text
+from dept.model import INIT_STD
+from dept.sources import SourceSpec
+from dept.vocab import ensure_tokenizer
+
+EMBEDDINGS_FILE = "embeddings.safetensors"
+OPTIMIZER_FILE = "optimizer.pt"
+POSITION_FILE = "position.json"
+VOCAB_IDS_FILE = "vocab_ids.npy"
+
+
+def default_state_root() -> Path:
+    """``$XDG_CACHE_HOME/dept`` (``~/.cache/dept``): node-local, survives restarts."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "dept"
+
+
+def spec_digest(*parts: Any) -> str:
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:12]
+
+
+class Workspace:
+    """The node-local folders of one source in one run."""
+
+    def __init__(self, root: Path, run_id: str, source: str) -> None:
+        self.root = root
+        self.cache = root / "cache"
+        self.dir = root / "runs" / run_id / source
+        self.dir.mkdir(parents=True, exist_ok=True)
+
+    def load_embeddings(self) -> dict[str, torch.Tensor] | None:
+        path = self.dir / EMBEDDINGS_FILE
+        return load_file(str(path)) if path.is_file() else None
+
+    def save_embeddings(self, tensors: dict[str, torch.Tensor]) -> None:
+        _atomic(
+            self.dir / EMBEDDINGS_FILE,
+            lambda tmp: save_file(
+                {k: v.detach().cpu().contiguous() for k, v in tensors.items()}, str(tmp)
+            ),
+        )
+
+    def load_optimizer(self) -> dict[str, Any] | None:
+        path = self.dir / OPTIMIZER_FILE
+        return torch.load(path, map_location="cpu", weights_only=True) if path.is_file() else None
+
+    def save_optimizer(self, state: dict[str, Any]) -> None:
+        _atomic(self.dir / OPTIMIZER_FILE, lambda tmp: torch.save(state, tmp))
+
+    def load_position(self) -> StreamPosition:
+        path = self.dir / POSITION_FILE
+        return (
+            StreamPosition(**json.loads(path.read_text())) if path.is_file() else StreamPosition()
+        )
+
+    def save_position(self, position: StreamPosition) -> None:
+        _atomic(self.dir / POSITION_FILE, lambda tmp: tmp.write_text(json.dumps(asdict(position))))
+
+    def load_vocab_ids(self) -> np.ndarray | None:
+        path = self.dir / VOCAB_IDS_FILE
+        return np.load(path, allow_pickle=False) if path.is_file() else None
+
+    def save_vocab_ids(self, ids: np.ndarray) -> None:
+        _atomic(self.dir / VOCAB_IDS_FILE, lambda tmp: np.save(tmp, ids, allow_pickle=False))
+
+
+def _atomic(path: Path, write: Any) -> None:
+    tmp = path.with_name(f".{path.stem}.tmp{path.suffix}")  # keeps the suffix np.save wants
+    write(tmp)
+    tmp.replace(path)
+
+
+def init_embeddings(
+    shapes: dict[str, tuple[int, int]], seed: int, source: str
+) -> dict[str, torch.Tensor]:
+    """Fresh φ_k, seeded by run seed and source name (reproducible, distinct per source)."""
+    gen = torch.Generator().manual_seed(seed * 1_000_003 + zlib.crc32(source.encode()))
+    return {name: torch.randn(shape, generator=gen) * INIT_STD for name, shape in shapes.items()}
+
+
+def own_tokenizer(spec: SourceSpec, text: SourceText, cache: Path, seed: int) -> Path:
+    """SPEC-OPT: the source's own tokenizer, trained on its training text once."""
+    key = spec_digest(
+        spec.name, spec.path, spec.config, spec.split, spec.max_train_bytes, spec.vocab_size, seed
+    )
+    return ensure_tokenizer(
+        cache / "tokenizers" / f"{spec.name}-{key}", spec.vocab_size, _texts(text.train)
+    )
+
+
+def global_tokenizer(specs: list[SourceSpec], vocab_size: int, cache: Path, seed: int) -> Path:
+    """SPEC/GLOB/TRIM: one tokenizer trained on every source's training text.
+
+    Each source contributes an equal share of the training sample, so a large source does not
+    crowd the others out of the vocabulary.
+    """
+    key = spec_digest(
+        [(s.name, s.path, s.config, s.split, s.max_train_bytes) for s in specs], vocab_size, seed
+    )
+    out = cache / "tokenizers" / f"global-{key}"
+
+    def texts() -> Iterator[str]:
+        for spec in specs:
+            yield from _texts(load_source_text(spec, cache, seed).train, 8_000_000 // len(specs))
+
+    return ensure_tokenizer(out, vocab_size, texts())
+
+
+def _texts(table: Any, max_bytes: int = 0) -> Iterator[str]:
+    size = 0
+    for start in range(0, len(table), 1000):
+        for text in table[start : start + 1000]["text"]:
+            yield text
+            size += len(text.encode("utf-8"))
+            if max_bytes and size >= max_bytes:
+                return

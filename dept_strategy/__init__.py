@@ -1,0 +1,1 @@
+"""Server-side DEPT: the Flower strategy, outer optimizers, update validation, accounting."""

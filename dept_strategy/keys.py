@@ -1,0 +1,58 @@
+"""The message contract: record and metric names shared by the ServerApp and the ClientApp.
+
+One case style (Flower's kebab-case). Every reply of one kind carries the same records:
+``arrays`` (train only), ``metrics`` and ``info``.
+"""
+
+# Records in a message's RecordDict
+ARRAYS = "arrays"
+CONFIG = "config"
+METRICS = "metrics"
+INFO = "info"
+
+# ConfigRecord keys, server -> client
+SERVER_ROUND = "server-round"
+GLOBAL_STEP = "global-step"
+RUN_ID = "run-id"
+
+# ConfigRecord keys, client -> server (``info``)
+SOURCE = "source"
+
+# MetricRecord keys, client -> server
+NUM_EXAMPLES = "num-examples"  # tokens trained: the aggregation weight
+TRAIN_LOSS = "train-loss"
+TRAIN_FINAL_LOSS = "train-final-loss"
+TRAIN_SECONDS = "train-seconds"
+TOKENS_PER_S = "tokens-per-s"
+LOCAL_STEPS = "local-steps"
+BYTES_RECEIVED = "bytes-received"
+BYTES_SENT = "bytes-sent"
+EMBEDDING_PARAMS = "embedding-params"
+VAL_LOSS = "val-loss"
+VAL_PPL = "val-ppl"
+VAL_BPB = "val-bpb"
+VAL_TOKENS = "val-tokens"
+VAL_BYTES = "val-bytes"
+ORACLE_BPB = "oracle-bpb"  # best achievable bits per byte where known, else -1
+
+TRAIN_METRICS = (
+    NUM_EXAMPLES,
+    TRAIN_LOSS,
+    TRAIN_FINAL_LOSS,
+    TRAIN_SECONDS,
+    TOKENS_PER_S,
+    LOCAL_STEPS,
+    BYTES_RECEIVED,
+    BYTES_SENT,
+    EMBEDDING_PARAMS,
+)
+EVAL_METRICS = (
+    NUM_EXAMPLES,
+    VAL_LOSS,
+    VAL_PPL,
+    VAL_BPB,
+    VAL_TOKENS,
+    VAL_BYTES,
+    EMBEDDING_PARAMS,
+    ORACLE_BPB,
+)

@@ -1,0 +1,231 @@
+"""The DEPT strategy for SPEC and SPEC-OPT: only the body θ travels; embeddings stay home.
+
+Round t: sample sources, send θ_{t-1} with the round's global step, receive pseudo-gradients
+Δ_k = θ_{t-1} − θ_k weighted by tokens trained, check each one, average them as they come
+(one running sum, not a copy per reply), and take the outer optimizer step.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import random
+import time
+from collections.abc import Iterable
+
+import numpy as np
+import torch
+from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import Strategy
+
+from dept_strategy import keys
+from dept_strategy.history import RunHistory
+from dept_strategy.outer import OuterOptimizer
+from dept_strategy.validation import RejectedReply, check_train_reply, reply_source
+
+log = logging.getLogger(__name__)
+
+
+class NotEnoughNodes(RuntimeError):
+    """Fewer nodes connected than required within the configured wait."""
+
+
+class DeptStrategy(Strategy):
+    """Samples sources, aggregates body pseudo-gradients, keeps per-source metrics."""
+
+    def __init__(
+        self,
+        *,
+        outer: OuterOptimizer,
+        local_steps: int,
+        run_id: str,
+        fraction_train: float = 1.0,
+        min_train_nodes: int = 1,
+        fraction_evaluate: float = 1.0,
+        min_available_nodes: int = 1,
+        wait_for_nodes_s: float = 120.0,
+        seed: int = 0,
+    ) -> None:
+        if not 0 < fraction_train <= 1:
+            raise ValueError(f"fraction_train must be in (0, 1], got {fraction_train}")
+        if not 0 <= fraction_evaluate <= 1:
+            raise ValueError(f"fraction_evaluate must be in [0, 1], got {fraction_evaluate}")
+        if local_steps < 1:
+            raise ValueError(f"local_steps must be >= 1, got {local_steps}")
+        self.outer = outer
+        self.local_steps = local_steps
+        self.run_id = run_id
+        self.fraction_train = fraction_train
+        self.min_train_nodes = max(1, min_train_nodes)
+        self.fraction_evaluate = fraction_evaluate
+        self.min_available_nodes = max(1, min_available_nodes)
+        self.wait_for_nodes_s = wait_for_nodes_s
+        self.rng = random.Random(seed)
+        self.shapes = outer.shapes()
+        self.history = RunHistory(body_params=sum(int(np.prod(s)) for s in self.shapes.values()))
+
+    def summary(self) -> None:
+        log.info(
+            "DEPT strategy: outer %s, fraction-train %.2f (min %d), %d local steps, "
+            "body %d parameters",
+            self.outer.kind,
+            self.fraction_train,
+            self.min_train_nodes,
+            self.local_steps,
+            self.history.body_params,
+        )
+
+    def global_step(self, server_round: int) -> int:
+        """Step of the global LR schedule at the start of ``server_round`` (1-based)."""
+        return (server_round - 1) * self.local_steps
+
+    def wait_for_nodes(self, grid: Grid, minimum: int | None = None) -> list[int]:
+        """Connected node ids once ``minimum`` are there; waits at most ``wait_for_nodes_s``."""
+        need = minimum or self.min_available_nodes
+        deadline = time.monotonic() + self.wait_for_nodes_s
+        next_log = 0.0
+        while len(nodes := sorted(grid.get_node_ids())) < need:
+            if time.monotonic() >= deadline:
+                raise NotEnoughNodes(
+                    f"waited {self.wait_for_nodes_s:.0f} s (config key 'wait-for-nodes-s') for "
+                    f"{need} nodes (config key 'min-available-nodes' or the number of sources) "
+                    f"but saw {len(nodes)}. In simulation, start as many SuperNodes as sources, "
+                    "e.g. flwr run . --federation-config 'num-supernodes=N' (or use dept-run)"
+                )
+            if time.monotonic() >= next_log:
+                log.info("waiting for nodes: %d connected, %d required", len(nodes), need)
+                next_log = time.monotonic() + 10
+            time.sleep(0.5)
+        return nodes
+
+    def _sample(self, grid: Grid, fraction: float, minimum: int) -> list[int]:
+        nodes = self.wait_for_nodes(grid, max(minimum, 1))
+        k = min(len(nodes), max(minimum, math.floor(len(nodes) * fraction)))
+        return sorted(self.rng.sample(nodes, k))
+
+    def _messages(
+        self, arrays: ArrayRecord, config: ConfigRecord, nodes: list[int], message_type: str
+    ) -> list[Message]:
+        record = RecordDict({keys.ARRAYS: arrays, keys.CONFIG: config})
+        return [Message(content=record, dst_node_id=n, message_type=message_type) for n in nodes]
+
+    def configure_train(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        nodes = self._sample(grid, self.fraction_train, self.min_train_nodes)
+        config[keys.SERVER_ROUND] = server_round
+        config[keys.GLOBAL_STEP] = self.global_step(server_round)
+        config[keys.RUN_ID] = self.run_id
+        record = self.history.at(server_round, self.global_step(server_round))
+        record.sampled = len(nodes)
+        sent = arrays.count_bytes() * len(nodes)
+        record.bytes_down += sent
+        self.history.comm.bytes_down += sent
+        log.info(
+            "round %d: training on %d of %d nodes",
+            server_round,
+            len(nodes),
+            len(list(grid.get_node_ids())),
+        )
+        return self._messages(arrays, config, nodes, MessageType.TRAIN)
+
+    def aggregate_train(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        total: dict[str, np.ndarray] = {
+            n: np.zeros(s, dtype=np.float64) for n, s in self.shapes.items()
+        }
+        weight_sum, loss_sum = 0.0, 0.0
+        for reply in replies:
+            if (accepted := self._accumulate(server_round, reply, total)) is not None:
+                weight, loss = accepted
+                weight_sum += weight
+                loss_sum += weight * loss
+        if weight_sum <= 0:
+            log.warning("round %d: no usable training reply; the body is unchanged", server_round)
+            return None, None
+        self.outer.step(
+            {n: torch.from_numpy((v / weight_sum).astype(np.float32)) for n, v in total.items()}
+        )
+        metrics = MetricRecord(
+            {keys.TRAIN_LOSS: loss_sum / weight_sum, keys.NUM_EXAMPLES: weight_sum}
+        )
+        return ArrayRecord(self.outer.body()), metrics
+
+    def _accumulate(
+        self, server_round: int, reply: Message, total: dict[str, np.ndarray]
+    ) -> tuple[float, float] | None:
+        """Add one reply's weighted Δ to ``total``; its (weight, train loss), None if dropped."""
+        node = reply.metadata.src_node_id
+        record = self.history.at(server_round)
+        if reply.has_error():
+            reason = reply.error.reason.strip().splitlines()[-1] if reply.error.reason else "?"
+            log.warning("round %d: node %d failed: %s", server_round, node, reply.error.reason)
+            record.failed.append({"node": str(node), "reason": reason})
+            return None
+        source = reply_source(reply.content)
+        arrays = reply.content.array_records.get(keys.ARRAYS)
+        bytes_up = arrays.count_bytes() if arrays is not None else 0
+        self.history.record_bytes_up(server_round, bytes_up)
+        try:
+            delta, weight = check_train_reply(reply.content, self.shapes)
+        except RejectedReply as exc:
+            log.warning(
+                "round %d: rejected the update of node %d (source %s): %s",
+                server_round,
+                node,
+                source,
+                exc,
+            )
+            record.rejected.append({"node": str(node), "source": source, "reason": str(exc)})
+            return None
+        for name, value in delta.items():
+            total[name] += weight * value
+        metrics = {
+            k: float(v)
+            for k, v in reply.content.metric_records[keys.METRICS].items()
+            if isinstance(v, (int, float))
+        }
+        self.history.record_train(server_round, source, metrics, bytes_up)
+        return weight, metrics.get(keys.TRAIN_LOSS, math.nan)
+
+    def configure_evaluate(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        if self.fraction_evaluate == 0:
+            return []
+        nodes = self._sample(grid, self.fraction_evaluate, 1)
+        config[keys.SERVER_ROUND] = server_round
+        config[keys.RUN_ID] = self.run_id
+        self.history.comm.bytes_down_eval += arrays.count_bytes() * len(nodes)
+        return self._messages(arrays, config, nodes, MessageType.EVALUATE)
+
+    def aggregate_evaluate(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> MetricRecord | None:
+        for reply in replies:
+            if reply.has_error():
+                log.warning(
+                    "round %d: evaluation failed on node %d: %s",
+                    server_round,
+                    reply.metadata.src_node_id,
+                    reply.error.reason,
+                )
+                continue
+            metrics = reply.content.metric_records.get(keys.METRICS)
+            if metrics is None or keys.VAL_BPB not in metrics:
+                log.warning(
+                    "round %d: evaluation reply of node %d lacks '%s'",
+                    server_round,
+                    reply.metadata.src_node_id,
+                    keys.VAL_BPB,
+                )
+                continue
+            self.history.record_eval(
+                server_round,
+                reply_source(reply.content),
+                {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float))},
+            )
+        mean = self.history.mean_val_bpb(server_round)
+        return None if math.isnan(mean) else MetricRecord({keys.VAL_BPB: mean})

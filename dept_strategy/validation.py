@@ -1,0 +1,56 @@
+"""Checks on a training reply before it may touch the body; a bad reply is dropped, not fatal."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from flwr.app import ArrayRecord, RecordDict
+
+from dept_strategy import keys
+
+
+class RejectedReply(ValueError):
+    """The reply cannot be aggregated; the message says why (for the log and the report)."""
+
+
+def reply_source(content: RecordDict) -> str:
+    info = content.config_records.get(keys.INFO)
+    source = info.get(keys.SOURCE) if info is not None else None
+    return str(source) if source else "?"
+
+
+def check_train_reply(
+    content: RecordDict, body_shapes: dict[str, tuple[int, ...]]
+) -> tuple[dict[str, np.ndarray], float]:
+    """The reply's pseudo-gradient (keyed like θ) and its weight, or :class:`RejectedReply`."""
+    arrays = content.array_records.get(keys.ARRAYS)
+    metrics = content.metric_records.get(keys.METRICS)
+    if arrays is None or metrics is None or keys.INFO not in content.config_records:
+        raise RejectedReply(f"missing record(s); has {sorted(content.keys())}")
+    weight = metrics.get(keys.NUM_EXAMPLES)
+    if not isinstance(weight, (int, float)) or not math.isfinite(weight) or weight <= 0:
+        raise RejectedReply(f"'{keys.NUM_EXAMPLES}' must be a positive number, got {weight!r}")
+    return _check_arrays(arrays, body_shapes), float(weight)
+
+
+def _check_arrays(
+    arrays: ArrayRecord, body_shapes: dict[str, tuple[int, ...]]
+) -> dict[str, np.ndarray]:
+    missing = sorted(body_shapes.keys() - arrays.keys())
+    extra = sorted(arrays.keys() - body_shapes.keys())
+    if missing or extra:
+        raise RejectedReply(
+            f"keys differ from the body: missing {missing[:3]}, unexpected {extra[:3]}"
+        )
+    delta = {}
+    for name, shape in body_shapes.items():
+        value = arrays[name].numpy()
+        if tuple(value.shape) != shape:
+            raise RejectedReply(f"'{name}' has shape {tuple(value.shape)}, the body has {shape}")
+        if value.dtype != np.float32:
+            raise RejectedReply(f"'{name}' has dtype {value.dtype}, expected float32")
+        if not np.isfinite(value).all():
+            raise RejectedReply(f"'{name}' holds NaN or infinite values")
+        delta[name] = value
+    return delta

@@ -1,0 +1,177 @@
+"""``dept-run``: ``flwr run`` in the simulation runtime, sized for this run and this machine.
+
+Plain ``flwr run .`` starts two simulated SuperNodes and hides GPUs from ClientApps unless told
+otherwise. This wrapper validates the run config first (so a typo fails in a second, naming
+the key), starts one SuperNode per source, gives each client an equal share of the visible
+GPUs, makes relative paths absolute against *your* working directory (the local SuperLink
+may have been started elsewhere), turns off Flower's per-run dependency installation (it
+would download a CUDA build of torch), streams the logs, and stops the local SuperLink it
+started when the run ends.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import click
+import httpx
+import tomllib
+from flwr.common.config import parse_config_args
+
+from dept.config import ConfigError, load_config, resolve_path
+from dept.sources import run_sources
+
+PATH_KEYS = ("sources-file", "output-dir", "state-dir")
+LOCAL_SUPERLINK_HEALTH = "http://127.0.0.1:39091/health"
+
+
+def project_dir() -> Path:
+    """The app folder: the working dir if it is one, else this installed project's root."""
+    cwd = Path.cwd()
+    if _is_flower_app(cwd):
+        return cwd
+    root = Path(__file__).resolve().parents[1]
+    if _is_flower_app(root):
+        return root
+    raise SystemExit("dept-run: no Flower app here; run it from the project folder or pass --app")
+
+
+def _is_flower_app(folder: Path) -> bool:
+    pyproject = folder / "pyproject.toml"
+    return (
+        pyproject.is_file()
+        and "tool" in (data := tomllib.loads(pyproject.read_text()))
+        and "flwr" in data["tool"]
+    )
+
+
+def app_defaults(app: Path) -> dict[str, Any]:
+    return tomllib.loads((app / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]
+
+
+def absolute_paths(config: dict[str, Any]) -> dict[str, Any]:
+    """Relative path values made absolute against the caller's working directory."""
+    return {
+        k: str(resolve_path(v, Path.cwd())) if k in PATH_KEYS and v else v
+        for k, v in config.items()
+    }
+
+
+def gpu_share(num_clients: int) -> float:
+    """Fraction of a GPU per client so that all clients fit on the visible GPUs at once."""
+    try:
+        import torch
+
+        gpus = torch.cuda.device_count()
+    except ImportError:
+        gpus = 0
+    return round(min(1.0, gpus / num_clients), 4) if gpus else 0.0
+
+
+def build_command(
+    app: Path, run_config: dict[str, Any], num_nodes: int, gpus: float, stream: bool
+) -> list[str]:
+    overrides = " ".join(f"{k}={_toml(v)}" for k, v in run_config.items())
+    federation = f"num-supernodes={num_nodes} client-resources-num-gpus={gpus}"
+    command = [
+        "flwr",
+        "run",
+        str(app),
+        "--federation-config",
+        federation,
+        "--run-config",
+        overrides,
+    ]
+    return [*command, "--stream"] if stream else command
+
+
+def _toml(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return "'" + value.replace("'", "") + "'"
+    return repr(value)
+
+
+def _superlink_running() -> bool:
+    try:
+        return httpx.get(LOCAL_SUPERLINK_HEALTH, timeout=1.0).is_success
+    except httpx.HTTPError:
+        return False
+
+
+def stop_local_superlink() -> None:
+    """Stop the background SuperLink that ``flwr run`` started for the simulation."""
+    flwr_home = os.environ.get("FLWR_HOME") or str(Path.home() / ".flwr")
+    found = subprocess.run(
+        ["pgrep", "-f", f"flower-superlink.*{flwr_home}/local-superlink"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    for pid in found.stdout.split():
+        os.kill(int(pid), signal.SIGTERM)
+    deadline = time.monotonic() + 10
+    while _superlink_running() and time.monotonic() < deadline:
+        time.sleep(0.2)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="dept-run", description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--run-config",
+        "-c",
+        action="append",
+        default=[],
+        help='run config overrides, as for flwr run ("k1=v1 k2=v2")',
+    )
+    parser.add_argument("--app", type=Path, default=None, help="the Flower app folder")
+    parser.add_argument("--num-supernodes", type=int, default=0, help="default: one per source")
+    parser.add_argument(
+        "--gpus-per-client", type=float, default=None, help="default: an equal share"
+    )
+    parser.add_argument("--no-stream", action="store_true", help="do not stream the run's logs")
+    parser.add_argument(
+        "--keep-superlink",
+        action="store_true",
+        help="leave the local SuperLink running after the run",
+    )
+    args = parser.parse_args(argv)
+    app = (args.app or project_dir()).resolve()
+    try:
+        overrides = absolute_paths({**_path_defaults(app), **parse_config_args(args.run_config)})
+        cfg = load_config(app_defaults(app), overrides=overrides)
+        num_nodes = args.num_supernodes or len(run_sources(cfg))
+    except (ConfigError, click.ClickException) as exc:
+        print(f"dept-run: error: {getattr(exc, 'message', exc)}", file=sys.stderr)
+        return 2
+    gpus = gpu_share(num_nodes) if args.gpus_per_client is None else args.gpus_per_client
+    command = build_command(app, overrides, num_nodes, gpus, stream=not args.no_stream)
+    print(
+        f"dept-run: {num_nodes} SuperNodes, {gpus} GPU each; outputs in {cfg.output_dir}",
+        flush=True,
+    )
+    was_running = _superlink_running()
+    env = {**os.environ, "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1"}
+    try:
+        return subprocess.run(command, env=env, check=False).returncode
+    finally:
+        if not was_running and not args.keep_superlink:
+            stop_local_superlink()
+
+
+def _path_defaults(app: Path) -> dict[str, Any]:
+    """The app's default path keys, so they too resolve against the caller's directory."""
+    defaults = app_defaults(app)
+    return {k: defaults[k] for k in PATH_KEYS if defaults.get(k)}
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,207 @@
+"""What a run leaves behind: metrics per round, a summary, the final body, a plot, a table.
+
+Files in ``output-dir``: ``config.json`` (the validated config), ``metrics.jsonl`` (one
+object per round, written as the round ends), ``metrics.csv`` (one row per round and
+source), ``summary.json``, ``body.safetensors`` and ``val_bpb.png``.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import logging
+import math
+from pathlib import Path
+from typing import Any
+
+import torch
+from rich.console import Console
+from rich.table import Table
+from safetensors.torch import save_file
+
+from dept.config import DeptConfig, to_run_config
+from dept_strategy import keys
+from dept_strategy.history import RunHistory
+
+log = logging.getLogger(__name__)
+
+
+class RunReport:
+    """Writes a run's outputs as it goes; :meth:`finish` adds the summary and the table."""
+
+    def __init__(self, out_dir: Path, cfg: DeptConfig, sources: list[str]) -> None:
+        self.out_dir, self.cfg, self.sources = out_dir, cfg, sources
+        out_dir.mkdir(parents=True, exist_ok=True)
+        (out_dir / "config.json").write_text(json.dumps(to_run_config(cfg), indent=2))
+        self.metrics_path = out_dir / "metrics.jsonl"
+        self.metrics_path.write_text("")
+
+    def round_done(self, history: RunHistory, server_round: int, wall_s: float) -> None:
+        if server_round not in history.rounds:
+            history.at(server_round)
+        line = history.round_json(server_round, wall_s)
+        with self.metrics_path.open("a") as f:
+            f.write(json.dumps(line) + "\n")
+        total = self.cfg.num_server_rounds
+        eta = wall_s / server_round * (total - server_round) if server_round else math.nan
+        per_source = ", ".join(f"{s} {m['val_bpb']:.3f}" for s, m in line["sources"].items())
+        log.info(
+            "round %d/%d done: avg val bpb %.4f [%s]; %.0f s elapsed, ETA %.0f s",
+            server_round,
+            total,
+            line["avg_val_bpb"],
+            per_source,
+            wall_s,
+            eta,
+        )
+
+    def finish(
+        self, history: RunHistory, body: dict[str, torch.Tensor], wall_s: float
+    ) -> dict[str, Any]:
+        summary = build_summary(history, self.cfg, wall_s)
+        (self.out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+        save_file(
+            {k: v.contiguous() for k, v in body.items()}, str(self.out_dir / "body.safetensors")
+        )
+        self._write_csv(history)
+        self._plot(history)
+        log.info("\n%s", render_table(summary))
+        log.info("outputs written to %s", self.out_dir)
+        return summary
+
+    def _write_csv(self, history: RunHistory) -> None:
+        with (self.out_dir / "metrics.csv").open("w", newline="") as f:
+            writer = csv.writer(f)
+            writer.writerow(
+                ["round", "source", "train_loss", "val_loss", "val_ppl", "val_bpb", "tokens"]
+            )
+            for server_round in sorted(history.rounds):
+                for source, m in history.round_json(server_round, 0.0)["sources"].items():
+                    writer.writerow(
+                        [
+                            server_round,
+                            source,
+                            m["train_loss"],
+                            m["val_loss"],
+                            m["val_ppl"],
+                            m["val_bpb"],
+                            m["tokens"],
+                        ]
+                    )
+
+    def _plot(self, history: RunHistory) -> None:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        fig, ax = plt.subplots(figsize=(7, 4))
+        for source in history.sources():
+            points = [
+                (r, rec.eval[source][keys.VAL_BPB])
+                for r, rec in sorted(history.rounds.items())
+                if source in rec.eval
+            ]
+            if points:
+                ax.plot(*zip(*points, strict=True), marker="o", label=source)
+        ax.set_xlabel("round")
+        ax.set_ylabel("validation bits per byte")
+        ax.set_title(f"DEPT {self.cfg.variant}, model {self.cfg.model}")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        fig.savefig(self.out_dir / "val_bpb.png", dpi=120)
+        plt.close(fig)
+
+
+def build_summary(history: RunHistory, cfg: DeptConfig, wall_s: float) -> dict[str, Any]:
+    """``summary.json``: final and initial per-source quality, tokens, embeddings, bytes."""
+    sources: dict[str, dict[str, Any]] = {}
+    for name in history.sources():
+        latest = history.latest_eval(name)
+        final = latest[1] if latest else {}
+        initial = history.rounds.get(0)
+        sources[name] = {
+            "val_bpb": final.get(keys.VAL_BPB, math.nan),
+            "val_ppl": final.get(keys.VAL_PPL, math.nan),
+            "val_loss": final.get(keys.VAL_LOSS, math.nan),
+            "evaluated_round": latest[0] if latest else None,
+            "initial_val_bpb": initial.eval.get(name, {}).get(keys.VAL_BPB, math.nan)
+            if initial
+            else math.nan,
+            "oracle_bpb": history.oracle_bpb.get(name),
+            "tokens_trained": history.tokens_trained(name),
+            "embedding_params": history.embedding_params.get(name, 0),
+        }
+    return {
+        "variant": cfg.variant,
+        "model": cfg.model,
+        "rounds": max((r for r in history.rounds if history.rounds[r].train), default=0),
+        "local_steps": cfg.local_steps,
+        "body_params": history.body_params,
+        "sources": sources,
+        "avg_val_bpb": _mean(s["val_bpb"] for s in sources.values()),
+        "initial_avg_val_bpb": _mean(s["initial_val_bpb"] for s in sources.values()),
+        "comm": history.comm.as_dict(),
+        "rejected_updates": sum(len(r.rejected) for r in history.rounds.values()),
+        "failed_replies": sum(len(r.failed) for r in history.rounds.values()),
+        "wall_s": round(wall_s, 2),
+    }
+
+
+def _mean(values: Any) -> float:
+    finite = [v for v in values if isinstance(v, float) and math.isfinite(v)]
+    return sum(finite) / len(finite) if finite else math.nan
+
+
+def render_table(summary: dict[str, Any]) -> str:
+    """The end-of-run table: bits per byte before/after per source, then communication."""
+    table = Table(title=f"DEPT {summary['variant']} — validation bits per byte")
+    for column in ("source", "before", "after", "best possible", "tokens", "embedding params"):
+        table.add_column(column, justify="left" if column == "source" else "right")
+    for name, s in summary["sources"].items():
+        oracle = f"{s['oracle_bpb']:.3f}" if s["oracle_bpb"] is not None else "–"
+        table.add_row(
+            name,
+            f"{s['initial_val_bpb']:.3f}",
+            f"{s['val_bpb']:.3f}",
+            oracle,
+            f"{s['tokens_trained']:,}",
+            f"{s['embedding_params']:,}",
+        )
+    table.add_row(
+        "average",
+        f"{summary['initial_avg_val_bpb']:.3f}",
+        f"{summary['avg_val_bpb']:.3f}",
+        "",
+        "",
+        "",
+        end_section=True,
+    )
+    comm = summary["comm"]
+    comm_table = Table(title=f"communication (body: {summary['body_params']:,} parameters)")
+    for column in (
+        "bytes up",
+        "bytes down",
+        "FedAvg full model",
+        "data-parallel per step",
+        "reduction vs DDP",
+    ):
+        comm_table.add_column(column, justify="right")
+    comm_table.add_row(
+        _mb(comm["bytes_up"]),
+        _mb(comm["bytes_down"]),
+        _mb(comm["bytes_full_model_fedavg"]),
+        _mb(comm["bytes_ddp_equivalent"]),
+        f"{comm['reduction_vs_ddp']:.1f}x",
+    )
+    buffer = io.StringIO()
+    console = Console(width=110, file=buffer)
+    console.print(table)
+    console.print(comm_table)
+    return buffer.getvalue()
+
+
+def _mb(n: float) -> str:
+    return f"{n / 1e6:,.2f} MB"

@@ -1,0 +1,91 @@
+from pathlib import Path
+
+import pytest
+
+from dept.config import ConfigError, load_config, resolve_path, to_run_config
+from dept.sources import check_source_paths, load_sources
+from tests.helpers import debug_run_config
+
+
+def test_defaults_round_trip(tmp_path: Path) -> None:
+    cfg = load_config(debug_run_config(tmp_path))
+    assert load_config(to_run_config(cfg)) == cfg
+    assert cfg.total_steps == cfg.num_server_rounds * cfg.local_steps
+
+
+@pytest.mark.parametrize(
+    ("override", "named"),
+    [
+        ({"local-stepz": 3}, "local-stepz"),
+        ({"local-steps": "many"}, "local-steps"),
+        ({"local-steps": 0}, "local-steps"),
+        ({"variant": "fedavg"}, "variant"),
+        ({"model": "7b"}, "model"),
+        ({"outer-optimizer": "adam"}, "outer-optimizer"),
+        ({"fraction-train": 1.5}, "fraction-train"),
+        ({"outer-momentum": 1.0}, "outer-momentum"),
+    ],
+)
+def test_bad_values_name_the_key(tmp_path: Path, override: dict, named: str) -> None:
+    with pytest.raises(ConfigError, match=named):
+        load_config(debug_run_config(tmp_path, **override))
+
+
+def test_yaml_layer_and_overrides(tmp_path: Path) -> None:
+    layer = tmp_path / "run.yaml"
+    layer.write_text("local-steps: 7\nlr: 0.01\n")
+    cfg = load_config(debug_run_config(tmp_path), layer, {"lr": 0.02})
+    assert (cfg.local_steps, cfg.lr) == (7, 0.02)
+    layer.write_text("local_steps: 7\n")
+    with pytest.raises(ConfigError, match="local_steps"):
+        load_config(debug_run_config(tmp_path), layer)
+
+
+def test_relative_paths_resolve_against_dept_home(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("DEPT_HOME", str(tmp_path))
+    assert resolve_path("runs/a") == tmp_path / "runs" / "a"
+    assert resolve_path("/abs/x") == Path("/abs/x")
+
+
+def test_sources_file_paths_are_relative_to_the_file(tmp_path: Path) -> None:
+    data = tmp_path / "data" / "de"
+    data.mkdir(parents=True)
+    (data / "train.txt").write_text("a")
+    (data / "val.txt").write_text("b")
+    sources = tmp_path / "cfg" / "sources.yaml"
+    sources.parent.mkdir()
+    sources.write_text("sources:\n  - name: de\n    path: ../data/de\n    vocab-size: 512\n")
+    [spec] = load_sources(sources)
+    assert Path(spec.path) == data.resolve() and spec.kind == "dir" and spec.vocab_size == 512
+    check_source_paths([spec])
+    (data / "val.txt").unlink()
+    with pytest.raises(ConfigError, match=r"'de'.*val\.txt"):
+        check_source_paths([spec])
+
+
+@pytest.mark.parametrize(
+    ("text", "named"),
+    [
+        ("- name: a\n  path: x\n- name: a\n  path: y\n", "duplicate names a"),
+        ("- name: a\n  path: x\n  vocab-size: 10\n", "vocab-size"),
+        ("- name: a\n  path: x\n  colour: red\n", "colour"),
+        ("- name: 'bad name'\n  path: x\n", "name"),
+        ("- name: a\n", "path"),
+        ("{}\n", "non-empty list"),
+    ],
+)
+def test_bad_sources_files(tmp_path: Path, text: str, named: str) -> None:
+    path = tmp_path / "s.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=named):
+        load_sources(path)
+
+
+def test_missing_sources_file(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="sources-file"):
+        load_sources(tmp_path / "nope.yaml")
+
+
+def test_default_sources_are_offline_builtins() -> None:
+    specs = load_sources(None)
+    assert len(specs) >= 4 and all(s.kind == "builtin" for s in specs)

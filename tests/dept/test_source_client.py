@@ -1,0 +1,50 @@
+from pathlib import Path
+
+import pytest
+import torch
+
+from dept.config import load_config
+from dept.model import body_state, build_model, embedding_parameters
+from dept.source_client import SourceClient
+from dept.sources import load_sources
+from dept.workspace import Workspace
+from tests.helpers import debug_run_config
+
+
+def _client(tmp_path: Path, variant: str, name: str = "synth-greek") -> SourceClient:
+    cfg = load_config(debug_run_config(tmp_path, variant=variant, **{"global-vocab-size": 600}))
+    specs = [s for s in load_sources(None) if s.name.startswith("synth")]
+    spec = next(s for s in specs if s.name == name)
+    return SourceClient(cfg, spec, Workspace(tmp_path / "state", "run1", spec.name), specs)
+
+
+@pytest.mark.parametrize("variant", ["spec-opt", "spec"])
+def test_embeddings_and_position_persist_between_rounds(tmp_path: Path, variant: str) -> None:
+    client = _client(tmp_path, variant)
+    body = body_state(build_model("debug", 300, 64, seed=0))
+    result = client.train_round(body, global_step=0, server_round=1)
+    assert result.delta.keys() == body.keys()
+    assert all(d.dtype == torch.float32 for d in result.delta.values())
+    after_round_1 = client.ws.load_embeddings()
+    position = client.ws.load_position()
+    assert position.offset == client.cfg.local_steps * client.cfg.batch_size
+
+    again = _client(tmp_path, variant)  # a new round builds everything anew from disk
+    model = again.model(body)
+    assert torch.equal(embedding_parameters(model)["input"].detach(), after_round_1["input"])
+    again.train_round(body, global_step=client.cfg.local_steps, server_round=2)
+    assert again.ws.load_position().offset == 2 * position.offset
+
+
+def test_spec_embeds_only_the_source_vocabulary(tmp_path: Path) -> None:
+    client = _client(tmp_path, "spec")
+    assert client.vocab_map is not None
+    assert client.vocab_size < len(client.tokenizer), "V_k is smaller than the global vocabulary"
+    other = _client(tmp_path, "spec", "synth-latin")
+    assert other.tokenizer.get_vocab() == client.tokenizer.get_vocab(), "one global tokenizer"
+
+
+def test_spec_opt_trains_a_tokenizer_per_source(tmp_path: Path) -> None:
+    greek, latin = _client(tmp_path, "spec-opt"), _client(tmp_path, "spec-opt", "synth-latin")
+    assert greek.tokenizer.get_vocab() != latin.tokenizer.get_vocab()
+    assert greek.vocab_size == len(greek.tokenizer) <= greek.spec.vocab_size

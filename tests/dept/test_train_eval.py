@@ -1,0 +1,68 @@
+import math
+
+import numpy as np
+import torch
+
+from dept.config import DeptConfig
+from dept.data import StreamPosition, training_batches
+from dept.evaluate import evaluate_stream
+from dept.model import build_model
+from dept.train import lr_at, make_inner_optimizer, train_local
+from dept.vocab import VocabMap
+
+
+def test_lr_schedule_is_global(debug_config: DeptConfig) -> None:
+    cfg = debug_config
+    assert lr_at(0, cfg) == cfg.lr / cfg.warmup_steps
+    assert math.isclose(lr_at(cfg.warmup_steps, cfg), cfg.lr)
+    assert math.isclose(lr_at(cfg.total_steps, cfg), cfg.lr * cfg.min_lr_ratio)
+    middle = (cfg.warmup_steps + cfg.total_steps) // 2
+    assert cfg.lr * cfg.min_lr_ratio < lr_at(middle, cfg) < cfg.lr
+
+
+def test_local_training_lowers_the_loss(debug_config: DeptConfig) -> None:
+    torch.manual_seed(0)
+    model = build_model("debug", 64, debug_config.seq_len)
+    rng = np.random.default_rng(0)
+    tokens = np.tile(rng.integers(0, 64, size=50), 200).astype(np.int32)  # a repeating pattern
+    batches = training_batches(tokens, debug_config.seq_len, 4, 0, StreamPosition())
+    stats = train_local(
+        model,
+        make_inner_optimizer(model, debug_config),
+        batches,
+        debug_config,
+        start_step=0,
+        desc="test",
+    )
+    assert stats.steps == debug_config.local_steps
+    assert stats.tokens == debug_config.local_steps * 4 * debug_config.seq_len
+    assert stats.final_loss < math.log(64) - 0.3
+
+
+def test_bits_per_byte_of_a_uniform_model() -> None:
+    vocab = 50
+    model = build_model("debug", vocab, 16)
+    with torch.no_grad():
+        model.get_output_embeddings().weight.zero_()  # logits all zero: uniform over vocab
+    tokens = np.arange(161, dtype=np.int32) % vocab
+    token_bytes = np.full(vocab, 2)
+    result = evaluate_stream(model, tokens, token_bytes, seq_len=16, batch_size=3)
+    assert result.tokens == 160 and result.bytes == 320
+    assert math.isclose(result.loss, math.log(vocab), rel_tol=1e-5)
+    assert math.isclose(result.bits_per_byte, math.log2(vocab) / 2, rel_tol=1e-5)
+    capped = evaluate_stream(model, tokens, token_bytes, seq_len=16, batch_size=3, max_tokens=48)
+    assert capped.tokens == 48
+
+
+def test_tokens_outside_vk_share_the_other_row() -> None:
+    global_vocab, kept = 40, np.arange(9)  # local rows: 9 kept + 1 "other"
+    vmap = VocabMap(kept, global_vocab)
+    model = build_model("debug", vmap.local_vocab_size, 16)
+    with torch.no_grad():
+        model.get_output_embeddings().weight.zero_()
+    tokens = np.full(33, 30, dtype=np.int32)  # every target is outside V_k
+    result = evaluate_stream(
+        model, tokens, np.ones(global_vocab), seq_len=16, batch_size=2, vocab_map=vmap
+    )
+    # uniform over 10 local rows, then the "other" mass split over 31 outside ids
+    assert math.isclose(result.loss, math.log(10) + math.log(31), rel_tol=1e-5)

@@ -1,0 +1,142 @@
+"""DeptStrategy against mock replies: Prepare / Execute / Assert."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from flwr.app import Array, ArrayRecord, ConfigRecord, Error, Message, MetricRecord, RecordDict
+
+from dept_strategy import keys
+from dept_strategy.outer import OuterOptimizer
+from dept_strategy.strategy import DeptStrategy, NotEnoughNodes
+from server_app.local_grid import LocalGrid
+
+BODY = {"a": torch.ones(2, 3), "b": torch.zeros(4)}
+
+
+def _strategy(**kwargs) -> DeptStrategy:
+    return DeptStrategy(
+        outer=OuterOptimizer(BODY, kind="fedavg"),
+        local_steps=5,
+        run_id="r",
+        **{"wait_for_nodes_s": 1.0, **kwargs},
+    )
+
+
+def _instruction(grid: LocalGrid, node: int) -> Message:
+    msg = Message(RecordDict({keys.CONFIG: ConfigRecord()}), node, "train")
+    msg.metadata.__dict__["_message_id"] = f"m{node}"
+    return msg
+
+
+def _reply(grid: LocalGrid, node: int, arrays: dict, weight: float, source: str) -> Message:
+    content = RecordDict(
+        {
+            keys.ARRAYS: ArrayRecord({k: Array(np.asarray(v)) for k, v in arrays.items()}),
+            keys.METRICS: MetricRecord(
+                {
+                    keys.NUM_EXAMPLES: weight,
+                    keys.TRAIN_LOSS: 2.0,
+                    keys.LOCAL_STEPS: 5,
+                    keys.EMBEDDING_PARAMS: 10,
+                }
+            ),
+            keys.INFO: ConfigRecord({keys.SOURCE: source}),
+        }
+    )
+    return Message(content, reply_to=_instruction(grid, node))
+
+
+def test_aggregates_good_replies_and_drops_bad_ones() -> None:
+    # Prepare
+    grid = LocalGrid(None, [{}] * 8, {})
+    strategy = _strategy()
+    d1 = {"a": np.full((2, 3), 1.0, np.float32), "b": np.full(4, 2.0, np.float32)}
+    d2 = {"a": np.full((2, 3), -1.0, np.float32), "b": np.full(4, 6.0, np.float32)}
+    nan = {**d1, "b": np.array([0, np.nan, 0, 0], np.float32)}
+    replies = [
+        _reply(grid, 1, d1, 1, "good-1"),
+        _reply(grid, 2, d2, 3, "good-2"),
+        _reply(grid, 3, {"a": d1["a"]}, 1, "missing-key"),
+        _reply(grid, 4, {**d1, "b": np.zeros(5, np.float32)}, 1, "wrong-shape"),
+        _reply(grid, 5, nan, 1, "nan"),
+        _reply(grid, 6, d1, 0, "zero-weight"),
+        _reply(grid, 7, {k: v.astype(np.float64) for k, v in d1.items()}, 1, "float64"),
+        Message(
+            Error(code=2, reason="Traceback...\nValueError: no data"),
+            reply_to=_instruction(grid, 8),
+        ),
+    ]
+    # Execute
+    arrays, metrics = strategy.aggregate_train(1, replies)
+    # Assert
+    expected_a = 1.0 - (1 * 1.0 + 3 * -1.0) / 4
+    expected_b = 0.0 - (1 * 2.0 + 3 * 6.0) / 4
+    assert np.allclose(arrays["a"].numpy(), expected_a) and np.allclose(
+        arrays["b"].numpy(), expected_b
+    )
+    assert metrics[keys.NUM_EXAMPLES] == 4
+    record = strategy.history.rounds[1]
+    assert sorted(record.train) == ["good-1", "good-2"]
+    reasons = {r["source"]: r["reason"] for r in record.rejected}
+    assert set(reasons) == {"missing-key", "wrong-shape", "nan", "zero-weight", "float64"}
+    assert "missing ['b']" in reasons["missing-key"] and "NaN" in reasons["nan"]
+    assert record.failed == [{"node": "8", "reason": "ValueError: no data"}]
+    assert strategy.history.comm.bytes_up == sum(
+        r.content.array_records[keys.ARRAYS].count_bytes() for r in replies[:7]
+    )
+
+
+def test_no_usable_reply_leaves_the_body_unchanged() -> None:
+    grid = LocalGrid(None, [{}], {})
+    strategy = _strategy()
+    bad = _reply(grid, 1, {"a": np.zeros((2, 3), np.float32)}, 1, "x")
+    assert strategy.aggregate_train(1, [bad]) == (None, None)
+    assert torch.equal(strategy.outer.body()["a"], BODY["a"])
+
+
+def test_configure_train_samples_and_sends_only_the_body() -> None:
+    grid = LocalGrid(None, [{}] * 4, {})
+    strategy = _strategy(fraction_train=0.5, min_train_nodes=1)
+    body = ArrayRecord(strategy.outer.body())
+    messages = list(strategy.configure_train(3, body, ConfigRecord(), grid))
+    assert len(messages) == 2 and len({m.metadata.dst_node_id for m in messages}) == 2
+    content = messages[0].content
+    assert set(content.array_records[keys.ARRAYS].keys()) == set(BODY)
+    config = content.config_records[keys.CONFIG]
+    assert config[keys.GLOBAL_STEP] == 10 and config[keys.SERVER_ROUND] == 3
+    assert strategy.history.comm.bytes_down == 2 * body.count_bytes()
+    assert (
+        len(
+            list(
+                _strategy(min_train_nodes=3, fraction_train=0.1).configure_train(
+                    1, body, ConfigRecord(), grid
+                )
+            )
+        )
+        == 3
+    )
+
+
+def test_waiting_for_nodes_is_bounded() -> None:
+    grid = LocalGrid(None, [{}] * 2, {})
+    with pytest.raises(NotEnoughNodes, match=r"for 5 nodes .* saw 2"):
+        _strategy(min_available_nodes=5).wait_for_nodes(grid)
+
+
+def test_per_source_evaluation_table() -> None:
+    grid = LocalGrid(None, [{}] * 2, {})
+    strategy = _strategy()
+    replies = []
+    for node, (source, bpb) in enumerate([("de", 1.5), ("fr", 2.5)], start=1):
+        content = RecordDict(
+            {
+                keys.METRICS: MetricRecord({keys.VAL_BPB: bpb, keys.VAL_LOSS: 1.0}),
+                keys.INFO: ConfigRecord({keys.SOURCE: source}),
+            }
+        )
+        replies.append(Message(content, reply_to=_instruction(grid, node)))
+    result = strategy.aggregate_evaluate(2, replies)
+    assert math.isclose(result[keys.VAL_BPB], 2.0)
+    assert strategy.history.rounds[2].eval["fr"][keys.VAL_BPB] == 2.5

@@ -1,0 +1,41 @@
+"""Test helpers: a tiny valid run config, and the shared corpora where present."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dept.config import DeptConfig, to_run_config
+
+CORPORA = Path(__file__).resolve().parents[2] / "shared" / "corpora"
+
+
+def debug_run_config(tmp_path: Path, **overrides: Any) -> dict[str, Any]:
+    """A complete, valid run config for the ``debug`` preset writing under ``tmp_path``."""
+    config = to_run_config(DeptConfig())
+    config.update(
+        {
+            "model": "debug",
+            "seq-len": 64,
+            "batch-size": 4,
+            "num-server-rounds": 2,
+            "local-steps": 8,
+            "warmup-steps": 2,
+            "eval-tokens": 4096,
+            "output-dir": str(tmp_path / "out"),
+            "state-dir": str(tmp_path / "state"),
+            "wait-for-nodes-s": 5.0,
+        }
+    )
+    config.update(overrides)
+    return config
+
+
+def corpus(name: str) -> Path:
+    """A source folder of ../shared/corpora, or skip the test with the reason."""
+    path = CORPORA / name
+    if not (path / "train.txt").is_file():
+        pytest.skip(f"shared corpus {path} is not present on this machine")
+    return path

@@ -1,0 +1,121 @@
+"""The real ServerApp logic and ClientApp in one process through LocalGrid (seconds, no Ray)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from flwr.app import Array, Message
+from safetensors.torch import load_file
+
+from client_app.app import app as client_app
+from dept.model import body_state, build_model
+from dept.workspace import init_embeddings
+from dept_strategy import keys
+from server_app.federation import run_federation
+from server_app.local_grid import LocalGrid
+from tests.helpers import corpus, debug_run_config
+
+
+class RecordingGrid(LocalGrid):
+    """Keeps the array keys of every message sent, to check what travels."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.sent_keys: list[set[str]] = []
+
+    def push_messages(self, messages):
+        messages = list(messages)
+        for msg in messages:
+            self.sent_keys.append(set(msg.content.array_records[keys.ARRAYS].keys()))
+        return super().push_messages(messages)
+
+
+def _sources_file(tmp_path: Path) -> Path:
+    shakespeare = corpus("en-shakespeare")
+    path = tmp_path / "sources.yaml"
+    path.write_text(
+        "sources:\n"
+        "  - {name: synth-latin, path: 'builtin:synthetic-latin', vocab-size: 512}\n"
+        "  - {name: synth-greek, path: 'builtin:synthetic-greek', vocab-size: 512}\n"
+        f"  - {{name: en-shakespeare, path: '{shakespeare}', vocab-size: 1024, "
+        "max-train-bytes: 300000}\n"
+    )
+    return path
+
+
+def test_federation_lowers_bpb_and_keeps_embeddings_home(tmp_path: Path) -> None:
+    run_config = debug_run_config(tmp_path, **{"sources-file": str(_sources_file(tmp_path))})
+    grid = RecordingGrid(
+        client_app, [{"partition-id": i, "num-partitions": 3} for i in range(3)], run_config
+    )
+
+    out = run_federation(grid, run_config)
+
+    summary = json.loads((out / "summary.json").read_text())
+    body_keys = set(body_state(build_model("debug", 300, 64)))
+    assert summary["avg_val_bpb"] < summary["initial_avg_val_bpb"]
+    for name, source in summary["sources"].items():
+        assert source["val_bpb"] < source["initial_val_bpb"], name
+        assert source["tokens_trained"] == 2 * 8 * 4 * 64
+    assert all(sent == body_keys for sent in grid.sent_keys), "only the body travels"
+    assert set(load_file(str(out / "body.safetensors"))) == body_keys
+    body_bytes = 4 * summary["body_params"]
+    per_reply = summary["comm"]["bytes_up"] / (2 * 3)
+    assert body_bytes <= per_reply <= 1.02 * body_bytes
+    lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [x["round"] for x in lines] == [0, 1, 2]
+    assert set(lines[2]["sources"]) == {"synth-latin", "synth-greek", "en-shakespeare"}
+    assert (out / "val_bpb.png").stat().st_size > 0 and (out / "metrics.csv").is_file()
+    [run_dir] = (tmp_path / "state" / "runs").iterdir()
+    for name in summary["sources"]:
+        stored = load_file(str(run_dir / name / "embeddings.safetensors"))
+        fresh = init_embeddings({"input": tuple(stored["input"].shape)}, 0, name)
+        assert not np.allclose(stored["input"].numpy(), fresh["input"].numpy()), name
+        position = json.loads((run_dir / name / "position.json").read_text())
+        assert position["offset"] + position["epoch"] > 0
+
+
+def _nan_for_node(node: int):
+    """A ClientApp that answers like the real one, except node ``node`` sends NaN updates."""
+
+    def app(msg: Message, context) -> Message:
+        reply = client_app(msg, context)
+        if (
+            msg.metadata.dst_node_id == node
+            and reply.has_content()
+            and keys.ARRAYS in reply.content
+        ):
+            arrays = reply.content.array_records[keys.ARRAYS]
+            for name in arrays:
+                arrays[name] = Array(np.full_like(arrays[name].numpy(), np.nan))
+        return reply
+
+    return app
+
+
+def test_bad_clients_are_dropped_and_the_run_goes_on(tmp_path: Path) -> None:
+    run_config = debug_run_config(tmp_path, **{"num-server-rounds": 1, "min-available-nodes": 3})
+    nodes = [
+        {"partition-id": 1, "num-partitions": 4},
+        {"partition-id": 2, "num-partitions": 4},
+        {"source": "lost", "path": str(tmp_path / "no-such-folder")},
+    ]
+    grid = LocalGrid(_nan_for_node(2), nodes, run_config)
+
+    out = run_federation(grid, run_config)
+
+    summary = json.loads((out / "summary.json").read_text())
+    round_1 = json.loads((out / "metrics.jsonl").read_text().splitlines()[1])
+    assert summary["rejected_updates"] == 1 and "NaN" in round_1["rejected"][0]["reason"]
+    assert summary["failed_replies"] == 1 and "lost" in round_1["failed"][0]["reason"]
+    assert summary["sources"]["synth-latin"]["tokens_trained"] > 0
+
+
+def test_unimplemented_variant_fails_before_training(tmp_path: Path) -> None:
+    run_config = debug_run_config(tmp_path, variant="glob")
+    with pytest.raises(ValueError, match="variant"):
+        run_federation(LocalGrid(client_app, [], run_config), run_config)
+    assert not (tmp_path / "out").exists()
