@@ -56,5 +56,10 @@ def node_setup(cfg: DeptConfig, node_config: dict[str, Any]) -> NodeSetup:
             "node config has neither 'source' (deployment) nor 'partition-id' "
             '(simulation); start the SuperNode with --node-config "source=NAME path=DIR"'
         )
+    if cfg.variant != "spec-opt" and "source" in node_config and global_tokenizer is None:
+        raise ConfigError(
+            f"variant {cfg.variant!r} needs the run's shared global tokenizer on every node: "
+            'start the SuperNode with --node-config "... global-tokenizer=/path/tokenizer.json"'
+        )
     check_source_paths([spec])
     return NodeSetup(spec, all_sources, state_root, global_tokenizer)

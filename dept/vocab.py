@@ -13,9 +13,8 @@ from pathlib import Path
 
 import numpy as np
 from filelock import FileLock
-from transformers import PreTrainedTokenizerFast
-
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import PreTrainedTokenizerFast
 
 EOS_TOKEN = "<|endoftext|>"
 SPECIAL_TOKENS = (EOS_TOKEN,)

@@ -12,6 +12,7 @@ import io
 import json
 import logging
 import math
+import time
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,14 @@ from dept_strategy import keys
 from dept_strategy.history import RunHistory
 
 log = logging.getLogger(__name__)
+RUN_FILES = (
+    "config.json",
+    "metrics.jsonl",
+    "metrics.csv",
+    "summary.json",
+    "body.safetensors",
+    "val_bpb.png",
+)
 
 
 class RunReport:
@@ -33,6 +42,7 @@ class RunReport:
     def __init__(self, out_dir: Path, cfg: DeptConfig, sources: list[str]) -> None:
         self.out_dir, self.cfg, self.sources = out_dir, cfg, sources
         out_dir.mkdir(parents=True, exist_ok=True)
+        archive_previous_run(out_dir)
         (out_dir / "config.json").write_text(json.dumps(to_run_config(cfg), indent=2))
         self.metrics_path = out_dir / "metrics.jsonl"
         self.metrics_path.write_text("")
@@ -113,6 +123,24 @@ class RunReport:
         fig.tight_layout()
         fig.savefig(self.out_dir / "val_bpb.png", dpi=120)
         plt.close(fig)
+
+
+def archive_previous_run(out_dir: Path) -> Path | None:
+    """Move an earlier run's files into ``previous/<time>/`` so a new run never overwrites them."""
+    earlier = [out_dir / name for name in RUN_FILES if (out_dir / name).exists()]
+    if not earlier:
+        return None
+    stamp = (
+        time.strftime("%Y%m%d-%H%M%S", time.localtime((out_dir / "config.json").stat().st_mtime))
+        if (out_dir / "config.json").exists()
+        else time.strftime("%Y%m%d-%H%M%S")
+    )
+    target = out_dir / "previous" / stamp
+    target.mkdir(parents=True, exist_ok=True)
+    for path in earlier:
+        path.replace(target / path.name)
+    log.info("moved the earlier run's files in %s to %s", out_dir, target)
+    return target
 
 
 def build_summary(history: RunHistory, cfg: DeptConfig, wall_s: float) -> dict[str, Any]:
