@@ -13,7 +13,7 @@ import datasets
 from flwr.app import ArrayRecord, ConfigRecord, Context, Error, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
-from client_app.node import node_setup
+from client_app.node import node_setup, served_sources
 from dept.config import load_config
 from dept.logs import route_to
 from dept.source_client import SourceClient
@@ -26,36 +26,38 @@ app = ClientApp()
 
 
 def _client(msg: Message, context: Context) -> SourceClient:
-    route_to("flwr")
-    datasets.disable_progress_bars()
+    """The source the server addressed, set up from this node's config and state."""
+    config = msg.content.config_records[keys.CONFIG]
     cfg = load_config(context.run_config)
-    setup = node_setup(cfg, dict(context.node_config))
-    run_id = str(msg.content.config_records[keys.CONFIG][keys.RUN_ID])
-    workspace = Workspace(setup.state_root, run_id, setup.spec.name)
-    context.state[keys.INFO] = ConfigRecord(
-        {keys.SOURCE: setup.spec.name, "state-dir": str(workspace.dir)}
-    )
+    setup = node_setup(cfg, dict(context.node_config), str(config[keys.SOURCE]))
+    workspace = Workspace(setup.state_root, str(config[keys.RUN_ID]), setup.spec.name)
     return SourceClient(cfg, setup.spec, workspace, setup.all_sources, setup.global_tokenizer)
 
 
-def _reply_or_error(
-    msg: Message, context: Context, handler: Callable[[SourceClient], RecordDict]
-) -> Message:
+def _reply_or_error(msg: Message, context: Context, handler: Callable[[], RecordDict]) -> Message:
+    route_to("flwr")
+    datasets.disable_progress_bars()
     try:
-        client = _client(msg, context)
-        source = client.spec.name
-        content = handler(client)
+        content = handler()
     except Exception as exc:  # reported to the server as an error reply, never dropped
-        node = context.node_config.get("source") or context.node_config.get("partition-id")
-        log.exception("node %s failed", node)
-        return Message(
-            Error(
-                code=CLIENT_APP_RAISED_EXCEPTION, reason=f"node {node}: {type(exc).__name__}: {exc}"
-            ),
-            reply_to=msg,
-        )
-    content[keys.INFO] = ConfigRecord({keys.SOURCE: source})
+        config = msg.content.config_records.get(keys.CONFIG)
+        who = config.get(keys.SOURCE) if config is not None else None
+        who = who or context.node_config.get("source") or context.node_config.get("partition-id")
+        log.exception("source %s failed", who)
+        reason = f"source {who}: {type(exc).__name__}: {exc}"
+        return Message(Error(code=CLIENT_APP_RAISED_EXCEPTION, reason=reason), reply_to=msg)
     return Message(content, reply_to=msg)
+
+
+@app.query()
+def query(msg: Message, context: Context) -> Message:
+    """Discovery: which sources this node serves (data paths checked)."""
+
+    def run() -> RecordDict:
+        served, _ = served_sources(load_config(context.run_config), dict(context.node_config))
+        return RecordDict({keys.INFO: ConfigRecord({keys.SOURCES: [s.name for s in served]})})
+
+    return _reply_or_error(msg, context, run)
 
 
 def _body(msg: Message) -> dict:
@@ -64,7 +66,8 @@ def _body(msg: Message) -> dict:
 
 @app.train()
 def train(msg: Message, context: Context) -> Message:
-    def run(client: SourceClient) -> RecordDict:
+    def run() -> RecordDict:
+        client = _client(msg, context)
         config = msg.content.config_records[keys.CONFIG]
         received = msg.content.array_records[keys.ARRAYS].count_bytes()
         result = client.train_round(
@@ -84,14 +87,16 @@ def train(msg: Message, context: Context) -> Message:
                 keys.EMBEDDING_PARAMS: client.embedding_params(),
             }
         )
-        return RecordDict({keys.ARRAYS: arrays, keys.METRICS: metrics})
+        info = ConfigRecord({keys.SOURCE: client.spec.name})
+        return RecordDict({keys.ARRAYS: arrays, keys.METRICS: metrics, keys.INFO: info})
 
     return _reply_or_error(msg, context, run)
 
 
 @app.evaluate()
 def evaluate(msg: Message, context: Context) -> Message:
-    def run(client: SourceClient) -> RecordDict:
+    def run() -> RecordDict:
+        client = _client(msg, context)
         result = client.evaluate(_body(msg))
         metrics = MetricRecord(
             {
@@ -105,6 +110,7 @@ def evaluate(msg: Message, context: Context) -> Message:
                 keys.ORACLE_BPB: client.oracle_bpb if client.oracle_bpb is not None else -1.0,
             }
         )
-        return RecordDict({keys.METRICS: metrics})
+        info = ConfigRecord({keys.SOURCE: client.spec.name})
+        return RecordDict({keys.METRICS: metrics, keys.INFO: info})
 
     return _reply_or_error(msg, context, run)

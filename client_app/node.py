@@ -1,9 +1,13 @@
-"""Which source a node serves, and where it keeps its state.
+"""Which sources a node serves, and where it keeps their state.
 
-Simulation: ``partition-id`` indexes the sources of the run config's sources file (or the
-built-in default). Deployment: ``--node-config "source=<name> path=<data> ..."`` defines the
-source completely (any sources-file key: ``vocab-size``, ``text-column``, ...), plus the
-node-only keys ``state-dir`` and ``global-tokenizer``.
+Deployment: ``--node-config "source=<name> path=<data> ..."`` defines the node's one source
+completely (any sources-file key: ``vocab-size``, ``text-column``, ...), plus the node-only
+keys ``state-dir`` and ``global-tokenizer``.
+
+Simulation: ``partition-id`` indexes the sources of the run config (its sources file, or
+the built-in default). With fewer simulated nodes than sources (``flwr run .`` starts two
+unless told otherwise) node ``p`` of ``P`` serves sources ``p, p+P, p+2P, ...`` so every
+source still takes part; with more nodes than sources the extra nodes serve none.
 """
 
 from __future__ import annotations
@@ -28,12 +32,10 @@ class NodeSetup:
     global_tokenizer: Path | None
 
 
-def node_setup(cfg: DeptConfig, node_config: dict[str, Any]) -> NodeSetup:
-    """Resolve this node's source from its node config; fail with a message naming the key."""
-    state = node_config.get("state-dir") or cfg.state_dir
-    state_root = resolve_path(str(state)) if state else default_state_root()
-    tokenizer = node_config.get("global-tokenizer")
-    global_tokenizer = resolve_path(str(tokenizer)) if tokenizer else None
+def served_sources(
+    cfg: DeptConfig, node_config: dict[str, Any]
+) -> tuple[list[SourceSpec], list[SourceSpec]]:
+    """(the sources this node serves, every source the node knows of), data paths checked."""
     if "source" in node_config:
         entry = {
             "name" if k == "source" else k: v
@@ -41,25 +43,40 @@ def node_setup(cfg: DeptConfig, node_config: dict[str, Any]) -> NodeSetup:
             if k not in NODE_ONLY_KEYS and k not in SIMULATION_KEYS
         }
         spec = parse_source(entry, Path.cwd())
-        all_sources = [spec]
-    elif "partition-id" in node_config:
-        all_sources = run_sources(cfg)
-        index = int(node_config["partition-id"])
-        if index >= len(all_sources):
+        if cfg.variant != "spec-opt" and not node_config.get("global-tokenizer"):
             raise ConfigError(
-                f"node partition-id {index} has no source: the run declares {len(all_sources)} "
-                "sources; run as many SuperNodes as sources"
+                f"variant {cfg.variant!r} needs the run's shared global tokenizer on every node: "
+                'start the SuperNode with --node-config "... global-tokenizer=/path/tokenizer.json"'
             )
-        spec = all_sources[index]
+        served, known = [spec], [spec]
+    elif "partition-id" in node_config:
+        known = run_sources(cfg)
+        index = int(node_config["partition-id"])
+        stride = int(node_config.get("num-partitions") or len(known))
+        served = known[index::stride]
     else:
         raise ConfigError(
             "node config has neither 'source' (deployment) nor 'partition-id' "
             '(simulation); start the SuperNode with --node-config "source=NAME path=DIR"'
         )
-    if cfg.variant != "spec-opt" and "source" in node_config and global_tokenizer is None:
+    check_source_paths(served)
+    return served, known
+
+
+def node_setup(cfg: DeptConfig, node_config: dict[str, Any], source: str) -> NodeSetup:
+    """Everything a client needs to act as ``source``, which this node must serve."""
+    served, known = served_sources(cfg, node_config)
+    by_name = {s.name: s for s in served}
+    if source not in by_name:
         raise ConfigError(
-            f"variant {cfg.variant!r} needs the run's shared global tokenizer on every node: "
-            'start the SuperNode with --node-config "... global-tokenizer=/path/tokenizer.json"'
+            f"this node does not serve source {source!r} (it serves: "
+            f"{', '.join(by_name) or 'none'})"
         )
-    check_source_paths([spec])
-    return NodeSetup(spec, all_sources, state_root, global_tokenizer)
+    state = node_config.get("state-dir") or cfg.state_dir
+    tokenizer = node_config.get("global-tokenizer")
+    return NodeSetup(
+        spec=by_name[source],
+        all_sources=known,
+        state_root=resolve_path(str(state)) if state else default_state_root(),
+        global_tokenizer=resolve_path(str(tokenizer)) if tokenizer else None,
+    )

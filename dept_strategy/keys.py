@@ -14,9 +14,10 @@ INFO = "info"
 SERVER_ROUND = "server-round"
 GLOBAL_STEP = "global-step"
 RUN_ID = "run-id"
+SOURCE = "source"  # which of the node's sources acts (train, evaluate); also in replies' info
 
-# ConfigRecord keys, client -> server (``info``)
-SOURCE = "source"
+# ConfigRecord keys, client -> server (``info`` of a query reply)
+SOURCES = "sources"  # the source names a node serves
 
 # MetricRecord keys, client -> server
 NUM_EXAMPLES = "num-examples"  # tokens trained: the aggregation weight

@@ -1,6 +1,7 @@
 """The DEPT strategy for SPEC and SPEC-OPT: only the body θ travels; embeddings stay home.
 
-Round t: sample sources, send θ_{t-1} with the round's global step, receive pseudo-gradients
+Round t: sample sources (found through :mod:`dept_strategy.discovery`), send θ_{t-1} with
+the round's global step to the node of each, receive pseudo-gradients
 Δ_k = θ_{t-1} − θ_k weighted by tokens trained, check each one, average them as they come
 (one running sum, not a copy per reply), and take the outer optimizer step.
 """
@@ -10,8 +11,7 @@ from __future__ import annotations
 import logging
 import math
 import random
-import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import numpy as np
 import torch
@@ -20,15 +20,12 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
 from dept_strategy import keys
+from dept_strategy.discovery import SourceDirectory
 from dept_strategy.history import RunHistory
 from dept_strategy.outer import OuterOptimizer
 from dept_strategy.validation import RejectedReply, check_train_reply, reply_source
 
 log = logging.getLogger(__name__)
-
-
-class NotEnoughNodes(RuntimeError):
-    """Fewer nodes connected than required within the configured wait."""
 
 
 class DeptStrategy(Strategy):
@@ -45,6 +42,7 @@ class DeptStrategy(Strategy):
         fraction_evaluate: float = 1.0,
         min_available_nodes: int = 1,
         wait_for_nodes_s: float = 120.0,
+        query_timeout_s: float = 600.0,
         seed: int = 0,
     ) -> None:
         if not 0 < fraction_train <= 1:
@@ -59,8 +57,12 @@ class DeptStrategy(Strategy):
         self.fraction_train = fraction_train
         self.min_train_nodes = max(1, min_train_nodes)
         self.fraction_evaluate = fraction_evaluate
-        self.min_available_nodes = max(1, min_available_nodes)
-        self.wait_for_nodes_s = wait_for_nodes_s
+        self.directory = SourceDirectory(
+            run_id=run_id,
+            min_nodes=min_available_nodes,
+            wait_s=wait_for_nodes_s,
+            query_timeout_s=query_timeout_s,
+        )
         self.rng = random.Random(seed)
         self.shapes = outer.shapes()
         self.history = RunHistory(body_params=sum(int(np.prod(s)) for s in self.shapes.values()))
@@ -80,55 +82,52 @@ class DeptStrategy(Strategy):
         """Step of the global LR schedule at the start of ``server_round`` (1-based)."""
         return (server_round - 1) * self.local_steps
 
-    def wait_for_nodes(self, grid: Grid, minimum: int | None = None) -> list[int]:
-        """Connected node ids once ``minimum`` are there; waits at most ``wait_for_nodes_s``."""
-        need = minimum or self.min_available_nodes
-        deadline = time.monotonic() + self.wait_for_nodes_s
-        next_log = 0.0
-        while len(nodes := sorted(grid.get_node_ids())) < need:
-            if time.monotonic() >= deadline:
-                raise NotEnoughNodes(
-                    f"waited {self.wait_for_nodes_s:.0f} s (config key 'wait-for-nodes-s') for "
-                    f"{need} nodes (config key 'min-available-nodes' or the number of sources) "
-                    f"but saw {len(nodes)}. In simulation, start as many SuperNodes as sources, "
-                    "e.g. flwr run . --federation-config 'num-supernodes=N' (or use dept-run)"
-                )
-            if time.monotonic() >= next_log:
-                log.info("waiting for nodes: %d connected, %d required", len(nodes), need)
-                next_log = time.monotonic() + 10
-            time.sleep(0.5)
-        return nodes
+    def wait_for_sources(self, grid: Grid, server_round: int = 0) -> dict[str, int]:
+        """``{source: node}`` once enough nodes are there; bounded by ``wait-for-nodes-s``."""
+        return self.directory.wait(grid, server_round, self._failure_logger(server_round))
 
-    def _sample(self, grid: Grid, fraction: float, minimum: int) -> list[int]:
-        nodes = self.wait_for_nodes(grid, max(minimum, 1))
-        k = min(len(nodes), max(minimum, math.floor(len(nodes) * fraction)))
-        return sorted(self.rng.sample(nodes, k))
+    def _failure_logger(self, server_round: int) -> Callable[[int, str], None]:
+        def record(node: int, reason: str) -> None:
+            last_line = reason.strip().splitlines()[-1] if reason.strip() else "?"
+            self.history.at(server_round).failed.append({"node": str(node), "reason": last_line})
+
+        return record
+
+    def _sample(
+        self, grid: Grid, server_round: int, fraction: float, minimum: int
+    ) -> dict[str, int]:
+        owners = self.directory.refresh(grid, server_round, self._failure_logger(server_round))
+        if not owners:
+            owners = self.wait_for_sources(grid, server_round)
+        k = min(len(owners), max(minimum, math.floor(len(owners) * fraction)))
+        chosen = sorted(self.rng.sample(sorted(owners), k))
+        return {source: owners[source] for source in chosen}
 
     def _messages(
-        self, arrays: ArrayRecord, config: ConfigRecord, nodes: list[int], message_type: str
+        self, arrays: ArrayRecord, config: ConfigRecord, targets: dict[str, int], message_type: str
     ) -> list[Message]:
-        record = RecordDict({keys.ARRAYS: arrays, keys.CONFIG: config})
-        return [Message(content=record, dst_node_id=n, message_type=message_type) for n in nodes]
+        """One message per source, to the node serving it; θ is shared, not copied."""
+        messages = []
+        for source, node in targets.items():
+            per_source = ConfigRecord({**config, keys.SOURCE: source})
+            record = RecordDict({keys.ARRAYS: arrays, keys.CONFIG: per_source})
+            messages.append(Message(content=record, dst_node_id=node, message_type=message_type))
+        return messages
 
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
-        nodes = self._sample(grid, self.fraction_train, self.min_train_nodes)
+        targets = self._sample(grid, server_round, self.fraction_train, self.min_train_nodes)
         config[keys.SERVER_ROUND] = server_round
         config[keys.GLOBAL_STEP] = self.global_step(server_round)
         config[keys.RUN_ID] = self.run_id
         record = self.history.at(server_round, self.global_step(server_round))
-        record.sampled = len(nodes)
-        sent = arrays.count_bytes() * len(nodes)
+        record.sampled = len(targets)
+        sent = arrays.count_bytes() * len(targets)
         record.bytes_down += sent
         self.history.comm.bytes_down += sent
-        log.info(
-            "round %d: training on %d of %d nodes",
-            server_round,
-            len(nodes),
-            len(list(grid.get_node_ids())),
-        )
-        return self._messages(arrays, config, nodes, MessageType.TRAIN)
+        log.info("round %d: training %s", server_round, ", ".join(targets))
+        return self._messages(arrays, config, targets, MessageType.TRAIN)
 
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
@@ -195,11 +194,11 @@ class DeptStrategy(Strategy):
     ) -> Iterable[Message]:
         if self.fraction_evaluate == 0:
             return []
-        nodes = self._sample(grid, self.fraction_evaluate, 1)
+        targets = self._sample(grid, server_round, self.fraction_evaluate, 1)
         config[keys.SERVER_ROUND] = server_round
         config[keys.RUN_ID] = self.run_id
-        self.history.comm.bytes_down_eval += arrays.count_bytes() * len(nodes)
-        return self._messages(arrays, config, nodes, MessageType.EVALUATE)
+        self.history.comm.bytes_down_eval += arrays.count_bytes() * len(targets)
+        return self._messages(arrays, config, targets, MessageType.EVALUATE)
 
     def aggregate_evaluate(
         self, server_round: int, replies: Iterable[Message]

@@ -51,9 +51,12 @@ def run_federation(grid: Grid, run_config: Mapping[str, Any]) -> Path:
         cfg.local_steps,
         out_dir,
     )
-    strategy = _build_strategy(cfg, needed_nodes=cfg.min_available_nodes or len(sources))
+    strategy = _build_strategy(cfg)
     strategy.summary()
-    strategy.wait_for_nodes(grid)
+    owners = strategy.wait_for_sources(grid)
+    missing = sorted({s.name for s in sources} - owners.keys())
+    if missing and cfg.sources_file:
+        log.warning("no node serves %s yet; they join when their node does", ", ".join(missing))
     started = time.monotonic()
     _evaluate(grid, strategy, cfg, 0)
     report.round_done(strategy.history, 0, time.monotonic() - started)
@@ -65,7 +68,7 @@ def run_federation(grid: Grid, run_config: Mapping[str, Any]) -> Path:
     return out_dir
 
 
-def _build_strategy(cfg: DeptConfig, needed_nodes: int) -> DeptStrategy:
+def _build_strategy(cfg: DeptConfig) -> DeptStrategy:
     initial = build_model(
         cfg.model, INITIAL_BODY_VOCAB, cfg.seq_len, tie_embeddings=cfg.tie_embeddings, seed=cfg.seed
     )
@@ -79,8 +82,9 @@ def _build_strategy(cfg: DeptConfig, needed_nodes: int) -> DeptStrategy:
         fraction_train=cfg.fraction_train,
         min_train_nodes=cfg.min_train_nodes,
         fraction_evaluate=cfg.fraction_evaluate,
-        min_available_nodes=needed_nodes,
+        min_available_nodes=cfg.min_available_nodes,
         wait_for_nodes_s=cfg.wait_for_nodes_s,
+        query_timeout_s=cfg.round_timeout_s,
         seed=cfg.seed,
     )
 

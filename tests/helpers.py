@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -9,7 +10,10 @@ import pytest
 
 from dept.config import DeptConfig, to_run_config
 
-CORPORA = Path(__file__).resolve().parents[2] / "shared" / "corpora"
+# ../shared/corpora beside the checkout; DEPT_CORPORA points elsewhere.
+CORPORA = Path(
+    os.environ.get("DEPT_CORPORA") or Path(__file__).resolve().parents[2] / "shared" / "corpora"
+)
 
 
 def debug_run_config(tmp_path: Path, **overrides: Any) -> dict[str, Any]:

@@ -2,8 +2,9 @@ from pathlib import Path
 
 import pytest
 
-from client_app.node import node_setup
+from client_app.node import node_setup, served_sources
 from dept.config import ConfigError, load_config
+from dept.sources import load_sources
 from tests.helpers import debug_run_config
 
 
@@ -15,29 +16,38 @@ def _folder(tmp_path: Path) -> Path:
     return folder
 
 
-def test_simulation_node_takes_its_source_by_partition(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("partition", "partitions", "expected"),
+    [(2, 4, [2]), (0, 2, [0, 2]), (1, 2, [1, 3]), (5, 6, [])],
+)
+def test_simulation_nodes_share_the_sources_round_robin(
+    tmp_path: Path, partition: int, partitions: int, expected: list[int]
+) -> None:
     cfg = load_config(debug_run_config(tmp_path))
-    setup = node_setup(cfg, {"partition-id": 2, "num-partitions": 4})
-    assert setup.spec.name == setup.all_sources[2].name
-    assert setup.state_root == tmp_path / "state"
-    with pytest.raises(ConfigError, match="partition-id 7"):
-        node_setup(cfg, {"partition-id": 7, "num-partitions": 8})
+    names = [s.name for s in load_sources(None)]
+    node = {"partition-id": partition, "num-partitions": partitions}
+    served, known = served_sources(cfg, node)
+    assert [s.name for s in served] == [names[i] for i in expected]
+    assert [s.name for s in known] == names
+    if expected:
+        setup = node_setup(cfg, node, names[expected[-1]])
+        assert setup.spec.name == names[expected[-1]] and setup.state_root == tmp_path / "state"
+    with pytest.raises(ConfigError, match="does not serve source 'nope'"):
+        node_setup(cfg, node, "nope")
 
 
 def test_deployment_node_config_defines_the_source(tmp_path: Path) -> None:
     cfg = load_config(debug_run_config(tmp_path))
     folder = _folder(tmp_path)
-    setup = node_setup(
-        cfg,
-        {
-            "source": "de",
-            "path": str(folder),
-            "vocab-size": 512,
-            "state-dir": str(tmp_path / "node"),
-        },
-    )
+    node = {
+        "source": "de",
+        "path": str(folder),
+        "vocab-size": 512,
+        "state-dir": str(tmp_path / "n"),
+    }
+    setup = node_setup(cfg, node, "de")
     assert (setup.spec.name, setup.spec.vocab_size) == ("de", 512)
-    assert setup.state_root == tmp_path / "node"
+    assert setup.state_root == tmp_path / "n"
 
 
 @pytest.mark.parametrize(
@@ -55,10 +65,10 @@ def test_bad_node_configs_name_the_problem(tmp_path: Path, node_config: dict, na
         for k, v in node_config.items()
     }
     with pytest.raises(ConfigError, match=named):
-        node_setup(cfg, config)
+        served_sources(cfg, config)
 
 
 def test_spec_deployment_needs_the_shared_global_tokenizer(tmp_path: Path) -> None:
     cfg = load_config(debug_run_config(tmp_path, variant="spec"))
     with pytest.raises(ConfigError, match="global-tokenizer"):
-        node_setup(cfg, {"source": "de", "path": str(_folder(tmp_path))})
+        served_sources(cfg, {"source": "de", "path": str(_folder(tmp_path))})

@@ -8,9 +8,23 @@ import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, Error, Message, MetricRecord, RecordDict
 
 from dept_strategy import keys
+from dept_strategy.discovery import NotEnoughNodes
 from dept_strategy.outer import OuterOptimizer
-from dept_strategy.strategy import DeptStrategy, NotEnoughNodes
+from dept_strategy.strategy import DeptStrategy
 from server_app.local_grid import LocalGrid
+
+
+def _directory_app(sources_by_node: dict[int, list[str]]):
+    """A ClientApp stand-in that only answers discovery queries."""
+
+    def app(msg: Message, context) -> Message:
+        served = sources_by_node.get(context.node_id)
+        if served is None:
+            return Message(Error(code=2, reason="Traceback\nConfigError: no data"), reply_to=msg)
+        return Message(RecordDict({keys.INFO: ConfigRecord({keys.SOURCES: served})}), reply_to=msg)
+
+    return app
+
 
 BODY = {"a": torch.ones(2, 3), "b": torch.zeros(4)}
 
@@ -96,33 +110,33 @@ def test_no_usable_reply_leaves_the_body_unchanged() -> None:
     assert torch.equal(strategy.outer.body()["a"], BODY["a"])
 
 
-def test_configure_train_samples_and_sends_only_the_body() -> None:
-    grid = LocalGrid(None, [{}] * 4, {})
-    strategy = _strategy(fraction_train=0.5, min_train_nodes=1)
+def test_configure_train_samples_sources_and_sends_only_the_body() -> None:
+    # Prepare: node 1 serves two sources, node 2 one, node 3 none, node 4 is broken
+    grid = LocalGrid(_directory_app({1: ["a", "c"], 2: ["b"], 3: []}), [{}] * 4, {})
+    strategy = _strategy(fraction_train=0.67, min_train_nodes=1)
     body = ArrayRecord(strategy.outer.body())
+    # Execute
     messages = list(strategy.configure_train(3, body, ConfigRecord(), grid))
-    assert len(messages) == 2 and len({m.metadata.dst_node_id for m in messages}) == 2
+    # Assert
+    sources = {
+        m.content.config_records[keys.CONFIG][keys.SOURCE]: m.metadata.dst_node_id for m in messages
+    }
+    assert len(sources) == 2 and all({"a": 1, "b": 2, "c": 1}[s] == n for s, n in sources.items())
     content = messages[0].content
     assert set(content.array_records[keys.ARRAYS].keys()) == set(BODY)
     config = content.config_records[keys.CONFIG]
     assert config[keys.GLOBAL_STEP] == 10 and config[keys.SERVER_ROUND] == 3
     assert strategy.history.comm.bytes_down == 2 * body.count_bytes()
-    assert (
-        len(
-            list(
-                _strategy(min_train_nodes=3, fraction_train=0.1).configure_train(
-                    1, body, ConfigRecord(), grid
-                )
-            )
-        )
-        == 3
-    )
+    assert strategy.history.rounds[3].failed == [{"node": "4", "reason": "ConfigError: no data"}]
+    everyone = _strategy(min_train_nodes=3, fraction_train=0.1)
+    assert len(list(everyone.configure_train(1, body, ConfigRecord(), grid))) == 3
 
 
 def test_waiting_for_nodes_is_bounded() -> None:
-    grid = LocalGrid(None, [{}] * 2, {})
-    with pytest.raises(NotEnoughNodes, match=r"for 5 nodes .* saw 2"):
-        _strategy(min_available_nodes=5).wait_for_nodes(grid)
+    grid = LocalGrid(_directory_app({1: ["a"], 2: ["b"]}), [{}] * 2, {})
+    with pytest.raises(NotEnoughNodes, match=r"for 5 node\(s\) .* saw 2 node"):
+        _strategy(min_available_nodes=5).wait_for_sources(grid)
+    assert _strategy(min_available_nodes=2).wait_for_sources(grid) == {"a": 1, "b": 2}
 
 
 def test_per_source_evaluation_table() -> None:

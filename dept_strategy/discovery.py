@@ -1,0 +1,114 @@
+"""Which node serves which source: asked of every new node with a ``query`` message.
+
+DEPT samples *sources* each round (Algorithm 1), while Flower addresses *nodes*. Every node
+that connects is asked once which sources it serves (a deployed SuperNode: the one in its
+node config; a simulated one: its share of the run's sources), so the strategy can sample
+sources, address the right node, and pick up nodes that join a running federation. A node
+that fails to answer (bad node config, unreadable data) is logged with its reason and asked
+again the next round (once per round, so a broken node does not flood the log).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+from flwr.app import ConfigRecord, Message, MessageType, RecordDict
+from flwr.serverapp import Grid
+
+from dept_strategy import keys
+
+log = logging.getLogger(__name__)
+
+
+class NotEnoughNodes(RuntimeError):
+    """Fewer nodes or sources than required within the configured wait."""
+
+
+class SourceDirectory:
+    """The node → sources map of a run, refreshed as nodes come and go."""
+
+    def __init__(
+        self, *, run_id: str, min_nodes: int, wait_s: float, query_timeout_s: float
+    ) -> None:
+        self.run_id = run_id
+        self.min_nodes = max(1, min_nodes)
+        self.wait_s = wait_s
+        self.query_timeout_s = query_timeout_s
+        self.node_sources: dict[int, list[str]] = {}
+        self.asked_in_round: dict[int, int] = {}
+
+    def refresh(
+        self, grid: Grid, server_round: int, on_failure: Callable[[int, str], None]
+    ) -> dict[str, int]:
+        """Ask nodes not yet known; return ``{source: node}`` for the connected nodes."""
+        connected = set(grid.get_node_ids())
+        unknown = sorted(
+            n
+            for n in connected - self.node_sources.keys()
+            if self.asked_in_round.get(n) != server_round
+        )
+        self.asked_in_round.update(dict.fromkeys(unknown, server_round))
+        if unknown:
+            config = ConfigRecord({keys.RUN_ID: self.run_id})
+            messages = [
+                Message(
+                    RecordDict({keys.CONFIG: config}), dst_node_id=n, message_type=MessageType.QUERY
+                )
+                for n in unknown
+            ]
+            for reply in grid.send_and_receive(messages, timeout=self.query_timeout_s):
+                self._learn(reply, on_failure)
+        owners: dict[str, int] = {}
+        for node in sorted(connected & self.node_sources.keys()):
+            for source in self.node_sources[node]:
+                if source in owners:
+                    log.warning(
+                        "source %s is served by nodes %d and %d; using %d",
+                        source,
+                        owners[source],
+                        node,
+                        owners[source],
+                    )
+                    continue
+                owners[source] = node
+        return owners
+
+    def _learn(self, reply: Message, on_failure: Callable[[int, str], None]) -> None:
+        node = reply.metadata.src_node_id
+        if reply.has_error():
+            log.warning("node %d cannot take part: %s", node, reply.error.reason)
+            on_failure(node, reply.error.reason or "?")
+            return
+        info = reply.content.config_records.get(keys.INFO)
+        sources = info.get(keys.SOURCES) if info is not None else None
+        if not isinstance(sources, list):
+            on_failure(node, f"query reply lacks '{keys.SOURCES}'")
+            return
+        self.node_sources[node] = [str(s) for s in sources]
+        log.info("node %d serves %s", node, ", ".join(self.node_sources[node]) or "no source")
+
+    def wait(
+        self, grid: Grid, server_round: int, on_failure: Callable[[int, str], None]
+    ) -> dict[str, int]:
+        """``refresh`` until ``min_nodes`` nodes and at least one source are there, or fail."""
+        deadline = time.monotonic() + self.wait_s
+        next_log = 0.0
+        while True:
+            nodes = list(grid.get_node_ids())
+            enough = len(nodes) >= self.min_nodes
+            owners = self.refresh(grid, server_round, on_failure) if enough else {}
+            if owners:
+                return owners
+            if time.monotonic() >= deadline:
+                raise NotEnoughNodes(
+                    f"waited {self.wait_s:.0f} s (config key 'wait-for-nodes-s') for "
+                    f"{self.min_nodes} node(s) (config key 'min-available-nodes') serving at "
+                    f"least one source, but saw {len(nodes)} node(s) serving "
+                    f"{sum(map(len, self.node_sources.values()))} source(s)"
+                )
+            if time.monotonic() >= next_log:
+                log.info("waiting for nodes: %d connected, %d required", len(nodes), self.min_nodes)
+                next_log = time.monotonic() + 10
+            time.sleep(0.5)
