@@ -52,12 +52,12 @@ class RunReport:
             history.at(server_round)
         line = history.round_json(server_round, wall_s)
         with self.metrics_path.open("a") as f:
-            f.write(json.dumps(line) + "\n")
+            f.write(dumps(line) + "\n")
         total = self.cfg.num_server_rounds
-        eta = wall_s / server_round * (total - server_round) if server_round else math.nan
+        eta = f"{wall_s / server_round * (total - server_round):.0f} s" if server_round else "–"
         per_source = ", ".join(f"{s} {m['val_bpb']:.3f}" for s, m in line["sources"].items())
         log.info(
-            "round %d/%d done: avg val bpb %.4f [%s]; %.0f s elapsed, ETA %.0f s",
+            "round %d/%d done: avg val bpb %.4f [%s]; %.0f s elapsed, ETA %s",
             server_round,
             total,
             line["avg_val_bpb"],
@@ -70,7 +70,7 @@ class RunReport:
         self, history: RunHistory, body: dict[str, torch.Tensor], wall_s: float
     ) -> dict[str, Any]:
         summary = build_summary(history, self.cfg, wall_s)
-        (self.out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+        (self.out_dir / "summary.json").write_text(dumps(summary, indent=2))
         save_file(
             {k: v.contiguous() for k, v in body.items()}, str(self.out_dir / "body.safetensors")
         )
@@ -105,6 +105,7 @@ class RunReport:
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
+        from matplotlib.ticker import MaxNLocator
 
         fig, ax = plt.subplots(figsize=(7, 4))
         for source in history.sources():
@@ -115,7 +116,11 @@ class RunReport:
             ]
             if points:
                 ax.plot(*zip(*points, strict=True), marker="o", label=source)
-        ax.set_xlabel("round")
+        averages = [(r, history.mean_val_bpb(r)) for r in sorted(history.rounds)]
+        if any(math.isfinite(v) for _, v in averages):
+            ax.plot(*zip(*averages, strict=True), "k--", linewidth=2, label="average")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_xlabel("round (0 = before training)")
         ax.set_ylabel("validation bits per byte")
         ax.set_title(f"DEPT {self.cfg.variant}, model {self.cfg.model}")
         ax.grid(alpha=0.3)
@@ -123,6 +128,21 @@ class RunReport:
         fig.tight_layout()
         fig.savefig(self.out_dir / "val_bpb.png", dpi=120)
         plt.close(fig)
+
+
+def dumps(obj: Any, indent: int | None = None) -> str:
+    """Strict JSON: a missing or non-finite number is written as null, never as NaN."""
+    return json.dumps(_finite(obj), indent=indent, allow_nan=False)
+
+
+def _finite(obj: Any) -> Any:
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [_finite(v) for v in obj]
+    return obj
 
 
 def archive_previous_run(out_dir: Path) -> Path | None:

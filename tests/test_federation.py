@@ -66,7 +66,9 @@ def test_federation_lowers_bpb_and_keeps_embeddings_home(tmp_path: Path) -> None
     body_bytes = 4 * summary["body_params"]
     per_reply = summary["comm"]["bytes_up"] / (2 * 3)
     assert body_bytes <= per_reply <= 1.02 * body_bytes
-    lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    text = (out / "metrics.jsonl").read_text()
+    assert "NaN" not in text and "NaN" not in (out / "summary.json").read_text(), "strict JSON"
+    lines = [json.loads(x) for x in text.splitlines()]
     assert [x["round"] for x in lines] == [0, 1, 2]
     assert set(lines[2]["sources"]) == {"synth-latin", "synth-greek", "en-shakespeare"}
     assert (out / "val_bpb.png").stat().st_size > 0 and (out / "metrics.csv").is_file()
