@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import math
 import random
+from collections import Counter
 from collections.abc import Callable, Iterable
 
 import numpy as np
@@ -23,7 +24,12 @@ from dept_strategy import keys
 from dept_strategy.discovery import SourceDirectory
 from dept_strategy.history import RunHistory
 from dept_strategy.outer import OuterOptimizer
-from dept_strategy.validation import RejectedReply, check_train_reply, reply_source
+from dept_strategy.validation import (
+    RejectedReply,
+    check_train_reply,
+    finite_metric,
+    reply_source,
+)
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +49,8 @@ class DeptStrategy(Strategy):
         min_available_nodes: int = 1,
         wait_for_nodes_s: float = 120.0,
         query_timeout_s: float = 600.0,
+        max_tokens_per_round: float = math.inf,
+        num_rounds: int = 0,
         seed: int = 0,
     ) -> None:
         if not 0 < fraction_train <= 1:
@@ -57,6 +65,9 @@ class DeptStrategy(Strategy):
         self.fraction_train = fraction_train
         self.min_train_nodes = max(1, min_train_nodes)
         self.fraction_evaluate = fraction_evaluate
+        self.max_tokens_per_round = max_tokens_per_round
+        self.num_rounds = num_rounds
+        self._expected: dict[int, list[str]] = {}  # node -> sources of the messages in flight
         self.directory = SourceDirectory(
             run_id=run_id,
             min_nodes=min_available_nodes,
@@ -108,7 +119,9 @@ class DeptStrategy(Strategy):
     ) -> list[Message]:
         """One message per source, to the node serving it; θ is shared, not copied."""
         messages = []
+        self._expected = {}
         for source, node in targets.items():
+            self._expected.setdefault(node, []).append(source)
             per_source = ConfigRecord({**config, keys.SOURCE: source})
             record = RecordDict({keys.ARRAYS: arrays, keys.CONFIG: per_source})
             messages.append(Message(content=record, dst_node_id=node, message_type=message_type))
@@ -136,17 +149,23 @@ class DeptStrategy(Strategy):
             n: np.zeros(s, dtype=np.float64) for n, s in self.shapes.items()
         }
         weight_sum, loss_sum = 0.0, 0.0
+        replies = list(replies)
         for reply in replies:
             if (accepted := self._accumulate(server_round, reply, total)) is not None:
                 weight, loss = accepted
                 weight_sum += weight
                 loss_sum += weight * loss
+        self._record_missing(server_round, replies)
         if weight_sum <= 0:
             log.warning("round %d: no usable training reply; the body is unchanged", server_round)
             return None, None
-        self.outer.step(
-            {n: torch.from_numpy((v / weight_sum).astype(np.float32)) for n, v in total.items()}
-        )
+        delta = {n: v / weight_sum for n, v in total.items()}
+        if not all(np.isfinite(v).all() for v in delta.values()):
+            log.warning(
+                "round %d: the averaged update is not finite; the body is unchanged", server_round
+            )
+            return None, None
+        self.outer.step({n: torch.from_numpy(v.astype(np.float32)) for n, v in delta.items()})
         metrics = MetricRecord(
             {keys.TRAIN_LOSS: loss_sum / weight_sum, keys.NUM_EXAMPLES: weight_sum}
         )
@@ -156,45 +175,68 @@ class DeptStrategy(Strategy):
         self, server_round: int, reply: Message, total: dict[str, np.ndarray]
     ) -> tuple[float, float] | None:
         """Add one reply's weighted Δ to ``total``; its (weight, train loss), None if dropped."""
-        node = reply.metadata.src_node_id
-        record = self.history.at(server_round)
         if reply.has_error():
-            reason = reply.error.reason.strip().splitlines()[-1] if reply.error.reason else "?"
-            log.warning("round %d: node %d failed: %s", server_round, node, reply.error.reason)
-            record.failed.append({"node": str(node), "reason": reason})
+            self._record_error(server_round, reply)
             return None
         source = reply_source(reply.content)
         arrays = reply.content.array_records.get(keys.ARRAYS)
         bytes_up = arrays.count_bytes() if arrays is not None else 0
         self.history.record_bytes_up(server_round, bytes_up)
         try:
-            delta, weight = check_train_reply(reply.content, self.shapes)
+            delta, weight = check_train_reply(reply.content, self.shapes, self.max_tokens_per_round)
         except RejectedReply as exc:
-            log.warning(
-                "round %d: rejected the update of node %d (source %s): %s",
-                server_round,
-                node,
-                source,
-                exc,
-            )
-            record.rejected.append({"node": str(node), "source": source, "reason": str(exc)})
+            self._record_rejected(server_round, reply, source, exc)
             return None
         for name, value in delta.items():
-            total[name] += weight * value
+            total[name] += weight * value.astype(np.float64)
         metrics = {
             k: float(v)
             for k, v in reply.content.metric_records[keys.METRICS].items()
-            if isinstance(v, (int, float))
+            if isinstance(v, int | float)
         }
         self.history.record_train(server_round, source, metrics, bytes_up)
         return weight, metrics.get(keys.TRAIN_LOSS, math.nan)
 
+    def _record_error(self, server_round: int, reply: Message) -> None:
+        node = reply.metadata.src_node_id
+        log.warning("round %d: node %d failed: %s", server_round, node, reply.error.reason)
+        self._failure_logger(server_round)(node, reply.error.reason or "?")
+
+    def _record_rejected(
+        self, server_round: int, reply: Message, source: str, exc: Exception
+    ) -> None:
+        node = reply.metadata.src_node_id
+        log.warning(
+            "round %d: rejected the reply of node %d (source %s): %s",
+            server_round,
+            node,
+            source,
+            exc,
+        )
+        self.history.at(server_round).rejected.append(
+            {"node": str(node), "source": source, "reason": str(exc)}
+        )
+
+    def _record_missing(self, server_round: int, replies: list[Message]) -> None:
+        """Sampled sources whose node did not answer within ``round-timeout-s``."""
+        answered = Counter(r.metadata.src_node_id for r in replies)
+        for node, sources in self._expected.items():
+            if answered[node] < len(sources):
+                reason = f"no reply for {', '.join(sources)} within the round timeout"
+                log.warning("round %d: node %d: %s", server_round, node, reason)
+                self._failure_logger(server_round)(node, reason)
+        self._expected = {}
+
     def configure_evaluate(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
-        if self.fraction_evaluate == 0:
+        # Every source is evaluated before training and after the last round, so the
+        # before/after comparison always covers the same sources.
+        everyone = server_round in (0, self.num_rounds)
+        fraction = 1.0 if everyone else self.fraction_evaluate
+        if fraction == 0:
             return []
-        targets = self._sample(grid, server_round, self.fraction_evaluate, 1)
+        targets = self._sample(grid, server_round, fraction, 1)
         config[keys.SERVER_ROUND] = server_round
         config[keys.RUN_ID] = self.run_id
         self.history.comm.bytes_down_eval += arrays.count_bytes() * len(targets)
@@ -203,28 +245,25 @@ class DeptStrategy(Strategy):
     def aggregate_evaluate(
         self, server_round: int, replies: Iterable[Message]
     ) -> MetricRecord | None:
+        replies = list(replies)
         for reply in replies:
             if reply.has_error():
-                log.warning(
-                    "round %d: evaluation failed on node %d: %s",
-                    server_round,
-                    reply.metadata.src_node_id,
-                    reply.error.reason,
-                )
+                self._record_error(server_round, reply)
                 continue
+            source = reply_source(reply.content)
             metrics = reply.content.metric_records.get(keys.METRICS)
-            if metrics is None or keys.VAL_BPB not in metrics:
-                log.warning(
-                    "round %d: evaluation reply of node %d lacks '%s'",
-                    server_round,
-                    reply.metadata.src_node_id,
-                    keys.VAL_BPB,
-                )
+            try:
+                if metrics is None:
+                    raise RejectedReply(f"no '{keys.METRICS}' record")
+                finite_metric(metrics, keys.VAL_BPB)
+            except RejectedReply as exc:
+                self._record_rejected(server_round, reply, source, exc)
                 continue
             self.history.record_eval(
                 server_round,
-                reply_source(reply.content),
-                {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float))},
+                source,
+                {k: float(v) for k, v in metrics.items() if isinstance(v, int | float)},
             )
+        self._record_missing(server_round, replies)
         mean = self.history.mean_val_bpb(server_round)
         return None if math.isnan(mean) else MetricRecord({keys.VAL_BPB: mean})

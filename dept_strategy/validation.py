@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from flwr.app import ArrayRecord, RecordDict
+from flwr.app import ArrayRecord, MetricRecord, RecordDict
 
 from dept_strategy import keys
 
@@ -21,17 +21,29 @@ def reply_source(content: RecordDict) -> str:
 
 
 def check_train_reply(
-    content: RecordDict, body_shapes: dict[str, tuple[int, ...]]
+    content: RecordDict, body_shapes: dict[str, tuple[int, ...]], max_weight: float
 ) -> tuple[dict[str, np.ndarray], float]:
-    """The reply's pseudo-gradient (keyed like θ) and its weight, or :class:`RejectedReply`."""
+    """The reply's pseudo-gradient (keyed like θ) and its weight, or :class:`RejectedReply`.
+
+    The weight is tokens trained, so it cannot exceed what the round's local steps can
+    consume (``max_weight``): a larger claim would let one client outweigh all others.
+    """
     arrays = content.array_records.get(keys.ARRAYS)
     metrics = content.metric_records.get(keys.METRICS)
     if arrays is None or metrics is None or keys.INFO not in content.config_records:
         raise RejectedReply(f"missing record(s); has {sorted(content.keys())}")
-    weight = metrics.get(keys.NUM_EXAMPLES)
-    if not isinstance(weight, (int, float)) or not math.isfinite(weight) or weight <= 0:
-        raise RejectedReply(f"'{keys.NUM_EXAMPLES}' must be a positive number, got {weight!r}")
-    return _check_arrays(arrays, body_shapes), float(weight)
+    weight = finite_metric(metrics, keys.NUM_EXAMPLES)
+    if not 0 < weight <= max_weight:
+        raise RejectedReply(f"'{keys.NUM_EXAMPLES}' is {weight}; expected (0, {max_weight:.0f}]")
+    return _check_arrays(arrays, body_shapes), weight
+
+
+def finite_metric(metrics: MetricRecord, key: str) -> float:
+    """``metrics[key]`` as a finite float, or :class:`RejectedReply`."""
+    value = metrics.get(key)
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise RejectedReply(f"'{key}' must be a finite number, got {value!r}")
+    return float(value)
 
 
 def _check_arrays(
@@ -45,7 +57,10 @@ def _check_arrays(
         )
     delta = {}
     for name, shape in body_shapes.items():
-        value = arrays[name].numpy()
+        try:
+            value = arrays[name].numpy()
+        except (TypeError, ValueError) as exc:  # not a NumPy payload, corrupt bytes, object dtype
+            raise RejectedReply(f"'{name}' cannot be read as an array: {exc}") from exc
         if tuple(value.shape) != shape:
             raise RejectedReply(f"'{name}' has shape {tuple(value.shape)}, the body has {shape}")
         if value.dtype != np.float32:

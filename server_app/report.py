@@ -182,6 +182,13 @@ def build_summary(history: RunHistory, cfg: DeptConfig, wall_s: float) -> dict[s
             "tokens_trained": history.tokens_trained(name),
             "embedding_params": history.embedding_params.get(name, 0),
         }
+    paired = [
+        s
+        for s in sources.values()
+        if _finite(s["val_bpb"]) is not None
+        and _finite(s["initial_val_bpb"]) is not None
+        and s["evaluated_round"]
+    ]
     return {
         "variant": cfg.variant,
         "model": cfg.model,
@@ -189,8 +196,9 @@ def build_summary(history: RunHistory, cfg: DeptConfig, wall_s: float) -> dict[s
         "local_steps": cfg.local_steps,
         "body_params": history.body_params,
         "sources": sources,
-        "avg_val_bpb": _mean(s["val_bpb"] for s in sources.values()),
-        "initial_avg_val_bpb": _mean(s["initial_val_bpb"] for s in sources.values()),
+        # Averages over the sources measured both before and after, so they compare alike.
+        "avg_val_bpb": _mean(s["val_bpb"] for s in paired),
+        "initial_avg_val_bpb": _mean(s["initial_val_bpb"] for s in paired),
         "comm": history.comm.as_dict(),
         "rejected_updates": sum(len(r.rejected) for r in history.rounds.values()),
         "failed_replies": sum(len(r.failed) for r in history.rounds.values()),

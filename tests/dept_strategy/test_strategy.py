@@ -154,3 +154,55 @@ def test_per_source_evaluation_table() -> None:
     result = strategy.aggregate_evaluate(2, replies)
     assert math.isclose(result[keys.VAL_BPB], 2.0)
     assert strategy.history.rounds[2].eval["fr"][keys.VAL_BPB] == 2.5
+
+
+def test_unreadable_arrays_and_inflated_weights_are_rejected_not_fatal() -> None:
+    grid = LocalGrid(None, [{}] * 3, {})
+    strategy = _strategy(max_tokens_per_round=1000)
+    good = {"a": np.zeros((2, 3), np.float32), "b": np.zeros(4, np.float32)}
+    corrupt = _reply(grid, 1, good, 10, "corrupt")
+    corrupt.content.array_records[keys.ARRAYS]["b"].data = b"not an npy payload"
+    huge = _reply(grid, 2, {**good, "b": np.full(4, 1e30, np.float32)}, 1e20, "huge")
+    arrays, _ = strategy.aggregate_train(1, [corrupt, huge, _reply(grid, 3, good, 10, "ok")])
+    reasons = {r["source"]: r["reason"] for r in strategy.history.rounds[1].rejected}
+    assert "cannot be read" in reasons["corrupt"] and "num-examples" in reasons["huge"]
+    assert np.isfinite(arrays["b"].numpy()).all()
+
+
+def test_missing_and_malformed_evaluation_replies_are_reported() -> None:
+    grid = LocalGrid(_directory_app({1: ["a"], 2: ["b"], 3: ["c"]}), [{}] * 3, {})
+    strategy = _strategy(num_rounds=4)
+    list(strategy.configure_evaluate(4, ArrayRecord(strategy.outer.body()), ConfigRecord(), grid))
+    bad = RecordDict(
+        {
+            keys.METRICS: MetricRecord({keys.VAL_BPB: [1.0, 2.0]}),
+            keys.INFO: ConfigRecord({keys.SOURCE: "b"}),
+        }
+    )
+    good = RecordDict(
+        {
+            keys.METRICS: MetricRecord({keys.VAL_BPB: 1.0}),
+            keys.INFO: ConfigRecord({keys.SOURCE: "a"}),
+        }
+    )
+    replies = [
+        Message(good, reply_to=_instruction(grid, 1)),
+        Message(bad, reply_to=_instruction(grid, 2)),
+    ]  # node 3 never answers
+
+    result = strategy.aggregate_evaluate(4, replies)
+
+    record = strategy.history.rounds[4]
+    assert result[keys.VAL_BPB] == 1.0 and list(record.eval) == ["a"]
+    assert record.rejected[0]["source"] == "b" and "finite number" in record.rejected[0]["reason"]
+    assert record.failed == [{"node": "3", "reason": "no reply for c within the round timeout"}]
+
+
+def test_first_and_last_rounds_evaluate_every_source() -> None:
+    grid = LocalGrid(_directory_app({1: ["a", "b"], 2: ["c", "d"]}), [{}] * 2, {})
+    strategy = _strategy(fraction_evaluate=0.25, num_rounds=3)
+    body = ArrayRecord(strategy.outer.body())
+    counts = [
+        len(list(strategy.configure_evaluate(r, body, ConfigRecord(), grid))) for r in range(4)
+    ]
+    assert counts == [4, 1, 1, 4]
