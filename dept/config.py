@@ -9,6 +9,7 @@ naming the key.
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
@@ -92,8 +93,30 @@ class DeptConfig:
             "eval_batch_size",
         ):
             _check(name, getattr(self, name) >= 1, "must be >= 1")
-        for name in ("warmup_steps", "min_available_nodes", "eval_tokens", "min_train_nodes"):
+        for name in (
+            "warmup_steps",
+            "min_available_nodes",
+            "eval_tokens",
+            "min_train_nodes",
+            "seed",
+        ):
             _check(name, getattr(self, name) >= 0, "must be >= 0")
+        for field in fields(self):
+            value = getattr(self, field.name)
+            _check(
+                field.name, not isinstance(value, float) or math.isfinite(value), "must be finite"
+            )
+        _check(
+            "warmup_steps",
+            self.warmup_steps < self.total_steps,
+            f"({self.warmup_steps}) must be smaller than num-server-rounds x local-steps "
+            f"({self.total_steps}), or the learning rate never decays",
+        )
+        _check(
+            "outer_momentum",
+            self.outer_optimizer != "nesterov" or self.outer_momentum > 0,
+            "must be > 0 with outer-optimizer 'nesterov'",
+        )
         _check("lr", self.lr > 0, "must be > 0")
         _check("outer_lr", self.outer_lr > 0, "must be > 0")
         _check("outer_momentum", 0 <= self.outer_momentum < 1, "must be in [0, 1)")

@@ -62,6 +62,10 @@ def run_federation(grid: Grid, run_config: Mapping[str, Any]) -> Path:
     report.round_done(strategy.history, 0, time.monotonic() - started)
     for server_round in range(1, cfg.num_server_rounds + 1):
         _train(grid, strategy, cfg, server_round)
+        if server_round == 1 and not strategy.history.rounds[1].train:
+            reasons = {f["reason"] for f in strategy.history.rounds[1].failed}
+            reasons |= {r["reason"] for r in strategy.history.rounds[1].rejected}
+            raise RuntimeError(f"no source could train in round 1: {'; '.join(sorted(reasons))}")
         _evaluate(grid, strategy, cfg, server_round)
         report.round_done(strategy.history, server_round, time.monotonic() - started)
     report.finish(strategy.history, strategy.outer.body(), time.monotonic() - started)
@@ -85,6 +89,8 @@ def _build_strategy(cfg: DeptConfig) -> DeptStrategy:
         min_available_nodes=cfg.min_available_nodes,
         wait_for_nodes_s=cfg.wait_for_nodes_s,
         query_timeout_s=cfg.round_timeout_s,
+        max_tokens_per_round=cfg.local_steps * cfg.grad_accum_steps * cfg.batch_size * cfg.seq_len,
+        num_rounds=cfg.num_server_rounds,
         seed=cfg.seed,
     )
 

@@ -31,6 +31,7 @@ def test_flwr_run_simulation_debug_preset(tmp_path: Path, flwr_home: Path) -> No
         "model": "debug",
         "num-server-rounds": 2,
         "local-steps": 5,
+        "warmup-steps": 2,
         "seq-len": 64,
         "eval-tokens": 4096,
         "output-dir": str(out),
@@ -61,4 +62,4 @@ def test_launcher_command_sizes_the_federation() -> None:
     )
     assert command[:3] == ["flwr", "run", str(PROJECT)]
     assert "num-supernodes=9 client-resources-num-gpus=0.25" in command
-    assert "model='debug' output-dir='/o' tie-embeddings=true" in command
+    assert 'model="debug" output-dir="/o" tie-embeddings=true' in command

@@ -24,6 +24,10 @@ def test_defaults_round_trip(tmp_path: Path) -> None:
         ({"outer-optimizer": "adam"}, "outer-optimizer"),
         ({"fraction-train": 1.5}, "fraction-train"),
         ({"outer-momentum": 1.0}, "outer-momentum"),
+        ({"outer-optimizer": "nesterov", "outer-momentum": 0.0}, "outer-momentum"),
+        ({"seed": -1}, "seed"),
+        ({"lr": float("inf")}, "'lr' must be finite"),
+        ({"warmup-steps": 16}, "warmup-steps.*never decays"),
     ],
 )
 def test_bad_values_name_the_key(tmp_path: Path, override: dict, named: str) -> None:
