@@ -7,6 +7,7 @@ names the source and the problem, so it reaches the server log and the round goe
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Callable
 
 import datasets
@@ -22,15 +23,19 @@ from dept_strategy import keys
 
 log = logging.getLogger(__name__)
 CLIENT_APP_RAISED_EXCEPTION = 2  # flwr.common.constant.ErrorCode
+RUN_ID_PATTERN = re.compile(r"[A-Za-z0-9_-]{1,64}")
 app = ClientApp()
 
 
 def _client(msg: Message, context: Context) -> SourceClient:
     """The source the server addressed, set up from this node's config and state."""
     config = msg.content.config_records[keys.CONFIG]
+    run_id = str(config[keys.RUN_ID])
+    if not RUN_ID_PATTERN.fullmatch(run_id):  # it becomes a folder name on this node
+        raise ValueError(f"refusing run id {run_id!r}: expected 1-64 letters, digits, '-' or '_'")
     cfg = load_config(context.run_config)
     setup = node_setup(cfg, dict(context.node_config), str(config[keys.SOURCE]))
-    workspace = Workspace(setup.state_root, str(config[keys.RUN_ID]), setup.spec.name)
+    workspace = Workspace(setup.state_root, run_id, setup.spec.name)
     return SourceClient(cfg, setup.spec, workspace, setup.all_sources, setup.global_tokenizer)
 
 

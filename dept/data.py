@@ -58,7 +58,7 @@ def load_source_text(spec: SourceSpec, cache_dir: Path, seed: int) -> SourceText
             )
         table = _load_files(BUILDER_BY_SUFFIX[suffix], {"train": spec.path}, spec)["train"]
         return _hold_out(table, spec, seed)
-    return _load_hub(spec, seed)
+    return _load_hub(spec, cache_dir, seed)
 
 
 def _load_files(builder: str, files: dict[str, str], spec: SourceSpec) -> datasets.DatasetDict:
@@ -93,13 +93,11 @@ def _capped(table: datasets.Dataset, max_bytes: int) -> datasets.Dataset:
     return table.select(range(max(1, int(np.searchsorted(sizes, max_bytes)))))
 
 
-def _load_hub(spec: SourceSpec, seed: int) -> SourceText:
+def _load_hub(spec: SourceSpec, cache_dir: Path, seed: int) -> SourceText:
     dataset_id = spec.path[len(HF_PREFIX) :]
     load = {"path": dataset_id, "name": spec.config or None, "streaming": spec.streaming}
     if spec.streaming:
-        stream = datasets.load_dataset(split=spec.split, **load)
-        rows = _take_bytes(stream, spec, spec.max_train_bytes or 100_000_000)
-        table = _text_only(datasets.Dataset.from_list(rows), spec)
+        table = _streamed_prefix(spec, load, cache_dir)
     else:
         table = _text_only(datasets.load_dataset(split=spec.split, **load), spec)
     if spec.val_split:
@@ -108,6 +106,23 @@ def _load_hub(spec: SourceSpec, seed: int) -> SourceText:
         val_table = _text_only(datasets.Dataset.from_list(list(val_rows)), spec)
         return SourceText(_capped(table, spec.max_train_bytes), val_table)
     return _hold_out(table, spec, seed)
+
+
+def _streamed_prefix(spec: SourceSpec, load: dict, cache_dir: Path) -> datasets.Dataset:
+    """The first ``max-train-bytes`` of a streamed dataset, fetched once and kept on disk."""
+    key = hashlib.sha256(
+        json.dumps(
+            [load, spec.split, spec.text_column, spec.max_train_bytes], sort_keys=True
+        ).encode()
+    ).hexdigest()[:16]
+    path = cache_dir / "hub" / f"{spec.name}-{key}.parquet"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(path) + ".lock"):
+        if not path.is_file():
+            stream = datasets.load_dataset(split=spec.split, **load)
+            rows = _take_bytes(stream, spec, spec.max_train_bytes or 100_000_000)
+            _text_only(datasets.Dataset.from_list(rows), spec).to_parquet(str(path))
+    return datasets.Dataset.from_parquet(str(path))
 
 
 def _take_bytes(stream: datasets.IterableDataset, spec: SourceSpec, max_bytes: int) -> list[dict]:
@@ -186,6 +201,8 @@ def tokenize_source(
 def _encode(table: datasets.Dataset, tokenizer: PreTrainedTokenizerFast) -> np.ndarray:
     eos = tokenizer.eos_token_id
     backend = tokenizer.backend_tokenizer
+    # Text that spells "<|endoftext|>" is text, not a document boundary.
+    backend.encode_special_tokens = True
     pieces: list[np.ndarray] = []
     for start in range(0, len(table), 1000):
         batch = table[start : start + 1000]["text"]
@@ -226,7 +243,7 @@ def training_batches(
         order = np.random.default_rng([seed, position.epoch]).permutation(n)
         while position.offset < n:
             take = order[position.offset : position.offset + batch_size]
-            if len(take) < batch_size:  # wrap: finish the batch from the next epoch
+            if len(take) < batch_size:  # the last partial batch of an epoch is skipped
                 break
             position.offset += batch_size
             yield np.stack([block(tokens, int(i), seq_len) for i in take])

@@ -108,10 +108,12 @@ def init_embeddings(
 
 
 def own_tokenizer(spec: SourceSpec, text: SourceText, cache: Path, seed: int) -> Path:
-    """SPEC-OPT: the source's own tokenizer, trained on its training text once."""
-    key = spec_digest(
-        spec.name, spec.path, spec.config, spec.split, spec.max_train_bytes, spec.vocab_size, seed
-    )
+    """SPEC-OPT: the source's own tokenizer, trained on its training text once.
+
+    Keyed by the training documents' fingerprint (what they are, not where they came from),
+    so edited data or a different validation split gets a new tokenizer.
+    """
+    key = spec_digest(text.train._fingerprint, spec.vocab_size, seed)
     return ensure_tokenizer(
         cache / "tokenizers" / f"{spec.name}-{key}", spec.vocab_size, _texts(text.train)
     )
@@ -123,14 +125,13 @@ def global_tokenizer(specs: list[SourceSpec], vocab_size: int, cache: Path, seed
     Each source contributes an equal share of the training sample, so a large source does not
     crowd the others out of the vocabulary.
     """
-    key = spec_digest(
-        [(s.name, s.path, s.config, s.split, s.max_train_bytes) for s in specs], vocab_size, seed
-    )
+    trains = [load_source_text(spec, cache, seed).train for spec in specs]
+    key = spec_digest([t._fingerprint for t in trains], vocab_size, seed)
     out = cache / "tokenizers" / f"global-{key}"
 
     def texts() -> Iterator[str]:
-        for spec in specs:
-            yield from _texts(load_source_text(spec, cache, seed).train, 8_000_000 // len(specs))
+        for train in trains:
+            yield from _texts(train, 8_000_000 // len(specs))
 
     return ensure_tokenizer(out, vocab_size, texts())
 

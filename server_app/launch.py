@@ -12,6 +12,8 @@ started when the run ends.
 from __future__ import annotations
 
 import argparse
+import json
+import math
 import os
 import signal
 import subprocess
@@ -72,7 +74,7 @@ def gpu_share(num_clients: int) -> float:
         gpus = torch.cuda.device_count()
     except ImportError:
         gpus = 0
-    return round(min(1.0, gpus / num_clients), 4) if gpus else 0.0
+    return math.floor(min(1.0, gpus / num_clients) * 10_000) / 10_000 if gpus else 0.0
 
 
 def build_command(
@@ -96,7 +98,7 @@ def _toml(value: Any) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, str):
-        return "'" + value.replace("'", "") + "'"
+        return json.dumps(value)  # a TOML basic string: quotes and backslashes escaped
     return repr(value)
 
 

@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 from dept.data import (
+    SourceText,
     StreamPosition,
     block,
     load_source_text,
@@ -103,3 +104,15 @@ def test_synthetic_languages_share_grammar_and_know_their_entropy(tmp_path: Path
     for folder in folders:
         assert 0.1 < oracle_bpb(folder) < 2.0
     assert ensure_synthetic_corpus("latin", 0, tmp_path, 20_000, 5_000) == folders[0]
+
+
+def test_text_spelling_the_eos_token_is_not_a_boundary(tmp_path: Path) -> None:
+    docs = ["a <|endoftext|> b " * 30, "plain text " * 30]
+    tok_path = train_tokenizer(docs, 300, tmp_path / "tok")
+    tok = load_tokenizer(tok_path)
+    import datasets
+
+    table = datasets.Dataset.from_dict({"text": docs})
+    text = SourceText(table, table)
+    tokens = tokenize_source(text, tok, tokenizer_digest(tok_path), tmp_path / "cache")
+    assert (tokens.train == tok.eos_token_id).sum() == 2, "one EOS per document only"
