@@ -47,9 +47,10 @@ def _reply_or_error(msg: Message, context: Context, handler: Callable[[], Record
     except Exception as exc:  # reported to the server as an error reply, never dropped
         config = msg.content.config_records.get(keys.CONFIG)
         who = config.get(keys.SOURCE) if config is not None else None
-        who = who or context.node_config.get("source") or context.node_config.get("partition-id")
-        log.exception("source %s failed", who)
-        reason = f"source {who}: {type(exc).__name__}: {exc}"
+        who = who or context.node_config.get("source")
+        who = f"source {who}" if who else f"partition {context.node_config.get('partition-id')}"
+        log.exception("%s failed", who)
+        reason = f"{who}: {type(exc).__name__}: {exc}"
         return Message(Error(code=CLIENT_APP_RAISED_EXCEPTION, reason=reason), reply_to=msg)
     return Message(content, reply_to=msg)
 

@@ -38,6 +38,7 @@ class SourceDirectory:
         self.query_timeout_s = query_timeout_s
         self.node_sources: dict[int, list[str]] = {}
         self.asked_in_round: dict[int, int] = {}
+        self.failures: dict[int, str] = {}  # node -> why it could not say what it serves
 
     def refresh(
         self, grid: Grid, server_round: int, on_failure: Callable[[int, str], None]
@@ -79,13 +80,16 @@ class SourceDirectory:
         node = reply.metadata.src_node_id
         if reply.has_error():
             log.warning("node %d cannot take part: %s", node, reply.error.reason)
+            self.failures[node] = (reply.error.reason or "?").strip().splitlines()[-1]
             on_failure(node, reply.error.reason or "?")
             return
         info = reply.content.config_records.get(keys.INFO)
         sources = info.get(keys.SOURCES) if info is not None else None
         if not isinstance(sources, list):
-            on_failure(node, f"query reply lacks '{keys.SOURCES}'")
+            self.failures[node] = f"query reply lacks '{keys.SOURCES}'"
+            on_failure(node, self.failures[node])
             return
+        self.failures.pop(node, None)
         self.node_sources[node] = [str(s) for s in sources]
         log.info("node %d serves %s", node, ", ".join(self.node_sources[node]) or "no source")
 
@@ -101,6 +105,10 @@ class SourceDirectory:
             owners = self.refresh(grid, server_round, on_failure) if enough else {}
             if owners:
                 return owners
+            idle = {n for n, served in self.node_sources.items() if not served}
+            if enough and set(nodes) <= self.failures.keys() | idle:
+                reasons = "; ".join(f"node {n}: {self.failures[n]}" for n in sorted(self.failures))
+                raise NotEnoughNodes(f"no connected node can serve a source: {reasons}")
             if time.monotonic() >= deadline:
                 raise NotEnoughNodes(
                     f"waited {self.wait_s:.0f} s (config key 'wait-for-nodes-s') for "

@@ -19,7 +19,7 @@ from flwr.serverapp import Grid
 
 from dept.config import ConfigError, DeptConfig, load_config, resolve_path
 from dept.model import body_state, build_model
-from dept.sources import check_source_paths, run_sources
+from dept.sources import run_sources
 from dept_strategy.outer import OuterOptimizer
 from dept_strategy.strategy import DeptStrategy
 from server_app.report import RunReport
@@ -37,15 +37,11 @@ def run_federation(grid: Grid, run_config: Mapping[str, Any]) -> Path:
             f"config key 'variant' is {cfg.variant!r}: GLOB and TRIM are not "
             f"implemented yet; use one of {', '.join(SUPPORTED_VARIANTS)}"
         )
-    sources = run_sources(cfg)
-    check_source_paths(sources)
+    declared = {s.name for s in run_sources(cfg)}  # parses and validates the sources file
     out_dir = resolve_path(cfg.output_dir)
-    report = RunReport(out_dir, cfg, [s.name for s in sources])
     log.info(
-        "DEPT %s run: %d sources (%s), model %s, %d rounds x %d local steps; output in %s",
+        "DEPT %s: model %s, %d rounds x %d local steps; output in %s",
         cfg.variant,
-        len(sources),
-        ", ".join(s.name for s in sources),
         cfg.model,
         cfg.num_server_rounds,
         cfg.local_steps,
@@ -53,10 +49,11 @@ def run_federation(grid: Grid, run_config: Mapping[str, Any]) -> Path:
     )
     strategy = _build_strategy(cfg)
     strategy.summary()
-    owners = strategy.wait_for_sources(grid)
-    missing = sorted({s.name for s in sources} - owners.keys())
-    if missing and cfg.sources_file:
-        log.warning("no node serves %s yet; they join when their node does", ", ".join(missing))
+    owners = strategy.wait_for_sources(grid)  # each node checks its own data paths
+    log.info("%d sources take part: %s", len(owners), ", ".join(sorted(owners)))
+    if cfg.sources_file and (missing := sorted(declared - owners.keys())):
+        log.warning("no node serves %s yet; a source joins when its node does", ", ".join(missing))
+    report = RunReport(out_dir, cfg)
     started = time.monotonic()
     _evaluate(grid, strategy, cfg, 0)
     report.round_done(strategy.history, 0, time.monotonic() - started)

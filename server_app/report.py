@@ -39,8 +39,8 @@ RUN_FILES = (
 class RunReport:
     """Writes a run's outputs as it goes; :meth:`finish` adds the summary and the table."""
 
-    def __init__(self, out_dir: Path, cfg: DeptConfig, sources: list[str]) -> None:
-        self.out_dir, self.cfg, self.sources = out_dir, cfg, sources
+    def __init__(self, out_dir: Path, cfg: DeptConfig) -> None:
+        self.out_dir, self.cfg = out_dir, cfg
         out_dir.mkdir(parents=True, exist_ok=True)
         archive_previous_run(out_dir)
         (out_dir / "config.json").write_text(json.dumps(to_run_config(cfg), indent=2))

@@ -14,6 +14,7 @@ from client_app.app import app as client_app
 from dept.model import body_state, build_model
 from dept.workspace import init_embeddings
 from dept_strategy import keys
+from dept_strategy.discovery import NotEnoughNodes
 from server_app.federation import run_federation
 from server_app.local_grid import LocalGrid
 from tests.helpers import corpus, debug_run_config
@@ -124,3 +125,17 @@ def test_unimplemented_variant_fails_before_training(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="variant"):
         run_federation(LocalGrid(client_app, [], run_config), run_config)
     assert not (tmp_path / "out").exists()
+
+
+def test_a_source_with_missing_data_fails_the_start_naming_it(tmp_path: Path) -> None:
+    sources = tmp_path / "sources.yaml"
+    sources.write_text("- {name: gone, path: /no/such/corpus}\n")
+    run_config = debug_run_config(tmp_path, **{"sources-file": str(sources)})
+    grid = LocalGrid(
+        client_app,
+        [{"partition-id": 0, "num-partitions": 2}, {"partition-id": 1, "num-partitions": 2}],
+        run_config,
+    )
+    with pytest.raises(NotEnoughNodes, match=r"'gone'.*/no/such/corpus"):
+        run_federation(grid, run_config)
+    assert not (tmp_path / "out").exists(), "nothing is written before the run can start"
