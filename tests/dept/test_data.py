@@ -116,3 +116,29 @@ def test_text_spelling_the_eos_token_is_not_a_boundary(tmp_path: Path) -> None:
     text = SourceText(table, table)
     tokens = tokenize_source(text, tok, tokenizer_digest(tok_path), tmp_path / "cache")
     assert (tokens.train == tok.eos_token_id).sum() == 2, "one EOS per document only"
+
+
+@pytest.mark.parametrize("streaming", [False, True])
+def test_hub_path_loads_through_datasets(tmp_path: Path, streaming: bool) -> None:
+    """The ``hf:`` form goes through ``datasets.load_dataset``; offline, a local dataset folder
+    stands in for a Hub id (same call, same code path)."""
+    import datasets
+
+    folder = tmp_path / "hub-dataset"
+    folder.mkdir()
+    rows = [{"content": f"row {i} " * 10, "id": i} for i in range(100)]
+    datasets.Dataset.from_list(rows).to_parquet(str(folder / "train.parquet"))
+    spec = SourceSpec(
+        name="hub",
+        path=f"hf:{folder}",
+        text_column="content",
+        streaming=streaming,
+        max_train_bytes=3000,
+        val_fraction=0.2,
+    )
+    text = load_source_text(spec, tmp_path / "cache", seed=0)
+    assert text.train.column_names == ["text"]
+    assert sum(len(t) for t in text.train["text"]) <= 3000 + 80
+    assert len(text.validation) > 0
+    if streaming:
+        assert list((tmp_path / "cache" / "hub").glob("hub-*.parquet")), "the prefix is cached"
