@@ -18,8 +18,10 @@ from flwr.app import ConfigRecord, Message, MessageType, RecordDict
 from flwr.serverapp import Grid
 
 from dept_strategy import keys
+from dept_strategy.validation import last_line
 
 log = logging.getLogger(__name__)
+FAIL_FAST_GRACE_S = 10.0  # how long the node set must stay unchanged before giving up early
 
 
 class NotEnoughNodes(RuntimeError):
@@ -59,8 +61,17 @@ class SourceDirectory:
                 )
                 for n in unknown
             ]
-            for reply in grid.send_and_receive(messages, timeout=self.query_timeout_s):
-                self._learn(reply, on_failure)
+            replies = list(grid.send_and_receive(messages, timeout=self.query_timeout_s))
+            # by message id: an error the SuperLink makes (node gone) is not sent by the node
+            node_of = {m.metadata.message_id: m.metadata.dst_node_id for m in messages}
+            answered = set()
+            for reply in replies:
+                node = node_of.get(reply.metadata.reply_to_message_id, reply.metadata.src_node_id)
+                answered.add(node)
+                self._learn(node, reply, on_failure)
+            for node in set(unknown) - answered:
+                self.failures[node] = f"no answer within {self.query_timeout_s:.0f} s"
+                on_failure(node, f"did not say which sources it serves: {self.failures[node]}")
         owners: dict[str, int] = {}
         for node in sorted(connected & self.node_sources.keys()):
             for source in self.node_sources[node]:
@@ -76,11 +87,14 @@ class SourceDirectory:
                 owners[source] = node
         return owners
 
-    def _learn(self, reply: Message, on_failure: Callable[[int, str], None]) -> None:
-        node = reply.metadata.src_node_id
+    def forget(self, node: int) -> None:
+        """Ask ``node`` again next round (it failed: it may have restarted with other data)."""
+        self.node_sources.pop(node, None)
+
+    def _learn(self, node: int, reply: Message, on_failure: Callable[[int, str], None]) -> None:
         if reply.has_error():
             log.warning("node %d cannot take part: %s", node, reply.error.reason)
-            self.failures[node] = (reply.error.reason or "?").strip().splitlines()[-1]
+            self.failures[node] = last_line(reply.error.reason)
             on_failure(node, reply.error.reason or "?")
             return
         info = reply.content.config_records.get(keys.INFO)
@@ -96,27 +110,37 @@ class SourceDirectory:
     def wait(
         self, grid: Grid, server_round: int, on_failure: Callable[[int, str], None]
     ) -> dict[str, int]:
-        """``refresh`` until ``min_nodes`` nodes and at least one source are there, or fail."""
+        """``refresh`` until ``min_nodes`` nodes and at least one source are there, or fail.
+
+        Fails early when every connected node has failed (or serves nothing) and no new
+        node has connected for a short grace period: waiting longer would not help.
+        """
         deadline = time.monotonic() + self.wait_s
-        next_log = 0.0
+        grace = min(self.wait_s, FAIL_FAST_GRACE_S)
+        seen, stable_since, next_log = set[int](), time.monotonic(), 0.0
         while True:
-            nodes = list(grid.get_node_ids())
+            nodes = set(grid.get_node_ids())
+            if nodes != seen:
+                seen, stable_since = nodes, time.monotonic()
             enough = len(nodes) >= self.min_nodes
             owners = self.refresh(grid, server_round, on_failure) if enough else {}
             if owners:
                 return owners
             idle = {n for n, served in self.node_sources.items() if not served}
-            if enough and set(nodes) <= self.failures.keys() | idle:
-                reasons = "; ".join(f"node {n}: {self.failures[n]}" for n in sorted(self.failures))
-                raise NotEnoughNodes(f"no connected node can serve a source: {reasons}")
+            hopeless = enough and nodes <= self.failures.keys() | idle
+            if hopeless and time.monotonic() - stable_since >= grace:
+                raise NotEnoughNodes(f"no connected node can serve a source: {self._reasons()}")
             if time.monotonic() >= deadline:
                 raise NotEnoughNodes(
                     f"waited {self.wait_s:.0f} s (config key 'wait-for-nodes-s') for "
                     f"{self.min_nodes} node(s) (config key 'min-available-nodes') serving at "
                     f"least one source, but saw {len(nodes)} node(s) serving "
-                    f"{sum(map(len, self.node_sources.values()))} source(s)"
+                    f"{sum(map(len, self.node_sources.values()))} source(s). {self._reasons()}"
                 )
             if time.monotonic() >= next_log:
                 log.info("waiting for nodes: %d connected, %d required", len(nodes), self.min_nodes)
                 next_log = time.monotonic() + 10
             time.sleep(0.5)
+
+    def _reasons(self) -> str:
+        return "; ".join(f"node {n}: {r}" for n, r in sorted(self.failures.items()))

@@ -11,7 +11,6 @@ from __future__ import annotations
 import logging
 import math
 import random
-from collections import Counter
 from collections.abc import Callable, Iterable
 
 import numpy as np
@@ -23,11 +22,14 @@ from flwr.serverapp.strategy import Strategy
 from dept_strategy import keys
 from dept_strategy.discovery import SourceDirectory
 from dept_strategy.history import RunHistory
+from dept_strategy.inflight import InFlight, Target
 from dept_strategy.outer import OuterOptimizer
 from dept_strategy.validation import (
     RejectedReply,
     check_train_reply,
     finite_metric,
+    finite_metrics,
+    last_line,
     reply_source,
 )
 
@@ -67,7 +69,7 @@ class DeptStrategy(Strategy):
         self.fraction_evaluate = fraction_evaluate
         self.max_tokens_per_round = max_tokens_per_round
         self.num_rounds = num_rounds
-        self._expected: dict[int, list[str]] = {}  # node -> sources of the messages in flight
+        self.in_flight = InFlight()
         self.directory = SourceDirectory(
             run_id=run_id,
             min_nodes=min_available_nodes,
@@ -75,6 +77,7 @@ class DeptStrategy(Strategy):
             query_timeout_s=query_timeout_s,
         )
         self.rng = random.Random(seed)
+        self.eval_rng = random.Random(seed + 1)  # evaluation draws do not shift training's
         self.shapes = outer.shapes()
         self.history = RunHistory(body_params=sum(int(np.prod(s)) for s in self.shapes.values()))
 
@@ -97,21 +100,25 @@ class DeptStrategy(Strategy):
         """``{source: node}`` once enough nodes are there; bounded by ``wait-for-nodes-s``."""
         return self.directory.wait(grid, server_round, self._failure_logger(server_round))
 
-    def _failure_logger(self, server_round: int) -> Callable[[int, str], None]:
+    def _failure_logger(
+        self, server_round: int, source: str | None = None
+    ) -> Callable[[int, str], None]:
         def record(node: int, reason: str) -> None:
-            last_line = reason.strip().splitlines()[-1] if reason.strip() else "?"
-            self.history.at(server_round).failed.append({"node": str(node), "reason": last_line})
+            entry = {"node": str(node), "reason": last_line(reason)}
+            self.history.at(server_round).failed.append(
+                {**entry, "source": source} if source else entry
+            )
 
         return record
 
     def _sample(
-        self, grid: Grid, server_round: int, fraction: float, minimum: int
+        self, grid: Grid, server_round: int, fraction: float, minimum: int, rng: random.Random
     ) -> dict[str, int]:
         owners = self.directory.refresh(grid, server_round, self._failure_logger(server_round))
         if not owners:
             owners = self.wait_for_sources(grid, server_round)
         k = min(len(owners), max(minimum, math.floor(len(owners) * fraction)))
-        chosen = sorted(self.rng.sample(sorted(owners), k))
+        chosen = sorted(rng.sample(sorted(owners), k))
         return {source: owners[source] for source in chosen}
 
     def _messages(
@@ -119,18 +126,20 @@ class DeptStrategy(Strategy):
     ) -> list[Message]:
         """One message per source, to the node serving it; θ is shared, not copied."""
         messages = []
-        self._expected = {}
         for source, node in targets.items():
-            self._expected.setdefault(node, []).append(source)
             per_source = ConfigRecord({**config, keys.SOURCE: source})
             record = RecordDict({keys.ARRAYS: arrays, keys.CONFIG: per_source})
-            messages.append(Message(content=record, dst_node_id=node, message_type=message_type))
+            message = Message(content=record, dst_node_id=node, message_type=message_type)
+            self.in_flight.track(message, Target(node, source))
+            messages.append(message)
         return messages
 
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
-        targets = self._sample(grid, server_round, self.fraction_train, self.min_train_nodes)
+        targets = self._sample(
+            grid, server_round, self.fraction_train, self.min_train_nodes, self.rng
+        )
         config[keys.SERVER_ROUND] = server_round
         config[keys.GLOBAL_STEP] = self.global_step(server_round)
         config[keys.RUN_ID] = self.run_id
@@ -175,57 +184,74 @@ class DeptStrategy(Strategy):
         self, server_round: int, reply: Message, total: dict[str, np.ndarray]
     ) -> tuple[float, float] | None:
         """Add one reply's weighted Δ to ``total``; its (weight, train loss), None if dropped."""
+        target = self._target(reply)
         if reply.has_error():
-            self._record_error(server_round, reply)
+            self._record_error(server_round, reply, target)
             return None
-        source = reply_source(reply.content)
         arrays = reply.content.array_records.get(keys.ARRAYS)
         bytes_up = arrays.count_bytes() if arrays is not None else 0
         self.history.record_bytes_up(server_round, bytes_up)
         try:
+            self._check_source(reply, target)
             delta, weight = check_train_reply(reply.content, self.shapes, self.max_tokens_per_round)
         except RejectedReply as exc:
-            self._record_rejected(server_round, reply, source, exc)
+            self._record_rejected(server_round, target, exc)
             return None
         for name, value in delta.items():
             total[name] += weight * value.astype(np.float64)
-        metrics = {
-            k: float(v)
-            for k, v in reply.content.metric_records[keys.METRICS].items()
-            if isinstance(v, int | float)
-        }
-        self.history.record_train(server_round, source, metrics, bytes_up)
+        metrics = finite_metrics(reply.content.metric_records[keys.METRICS])
+        self.history.record_train(server_round, target.source, metrics, bytes_up)
         return weight, metrics.get(keys.TRAIN_LOSS, math.nan)
 
-    def _record_error(self, server_round: int, reply: Message) -> None:
-        node = reply.metadata.src_node_id
-        log.warning("round %d: node %d failed: %s", server_round, node, reply.error.reason)
-        self._failure_logger(server_round)(node, reply.error.reason or "?")
+    def _target(self, reply: Message) -> Target:
+        """Whom a reply is from: by the message it answers, else by what it says."""
+        known = self.in_flight.target_of(reply)
+        if known is not None:
+            return known
+        source = reply_source(reply.content) if reply.has_content() else "?"
+        return Target(reply.metadata.src_node_id, source)
 
-    def _record_rejected(
-        self, server_round: int, reply: Message, source: str, exc: Exception
-    ) -> None:
-        node = reply.metadata.src_node_id
+    @staticmethod
+    def _check_source(reply: Message, target: Target) -> None:
+        said = reply_source(reply.content)
+        if said != target.source:
+            raise RejectedReply(f"answered for source {said!r}, was asked for {target.source!r}")
+
+    def _record_error(self, server_round: int, reply: Message, target: Target) -> None:
         log.warning(
-            "round %d: rejected the reply of node %d (source %s): %s",
+            "round %d: source %s on node %d failed: %s",
             server_round,
-            node,
-            source,
+            target.source,
+            target.node,
+            reply.error.reason,
+        )
+        self._failure_logger(server_round, target.source)(target.node, reply.error.reason or "?")
+        self.directory.forget(target.node)  # it may have restarted serving other data
+
+    def _record_rejected(self, server_round: int, target: Target, exc: Exception) -> None:
+        log.warning(
+            "round %d: rejected the reply for source %s from node %d: %s",
+            server_round,
+            target.source,
+            target.node,
             exc,
         )
         self.history.at(server_round).rejected.append(
-            {"node": str(node), "source": source, "reason": str(exc)}
+            {"node": str(target.node), "source": target.source, "reason": str(exc)}
         )
 
     def _record_missing(self, server_round: int, replies: list[Message]) -> None:
         """Sampled sources whose node did not answer within ``round-timeout-s``."""
-        answered = Counter(r.metadata.src_node_id for r in replies)
-        for node, sources in self._expected.items():
-            if answered[node] < len(sources):
-                reason = f"no reply for {', '.join(sources)} within the round timeout"
-                log.warning("round %d: node %d: %s", server_round, node, reason)
-                self._failure_logger(server_round)(node, reason)
-        self._expected = {}
+        for target in self.in_flight.unanswered(replies):
+            reason = "no reply within the round timeout"
+            log.warning(
+                "round %d: source %s on node %d: %s",
+                server_round,
+                target.source,
+                target.node,
+                reason,
+            )
+            self._failure_logger(server_round, target.source)(target.node, reason)
 
     def configure_evaluate(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
@@ -236,7 +262,7 @@ class DeptStrategy(Strategy):
         fraction = 1.0 if everyone else self.fraction_evaluate
         if fraction == 0:
             return []
-        targets = self._sample(grid, server_round, fraction, 1)
+        targets = self._sample(grid, server_round, fraction, 1, self.eval_rng)
         config[keys.SERVER_ROUND] = server_round
         config[keys.RUN_ID] = self.run_id
         self.history.comm.bytes_down_eval += arrays.count_bytes() * len(targets)
@@ -247,23 +273,20 @@ class DeptStrategy(Strategy):
     ) -> MetricRecord | None:
         replies = list(replies)
         for reply in replies:
+            target = self._target(reply)
             if reply.has_error():
-                self._record_error(server_round, reply)
+                self._record_error(server_round, reply, target)
                 continue
-            source = reply_source(reply.content)
             metrics = reply.content.metric_records.get(keys.METRICS)
             try:
+                self._check_source(reply, target)
                 if metrics is None:
                     raise RejectedReply(f"no '{keys.METRICS}' record")
                 finite_metric(metrics, keys.VAL_BPB)
             except RejectedReply as exc:
-                self._record_rejected(server_round, reply, source, exc)
+                self._record_rejected(server_round, target, exc)
                 continue
-            self.history.record_eval(
-                server_round,
-                source,
-                {k: float(v) for k, v in metrics.items() if isinstance(v, int | float)},
-            )
+            self.history.record_eval(server_round, target.source, finite_metrics(metrics))
         self._record_missing(server_round, replies)
         mean = self.history.mean_val_bpb(server_round)
         return None if math.isnan(mean) else MetricRecord({keys.VAL_BPB: mean})

@@ -14,6 +14,21 @@ class RejectedReply(ValueError):
     """The reply cannot be aggregated; the message says why (for the log and the report)."""
 
 
+def last_line(reason: str | None) -> str:
+    """The line of an error reason that says what went wrong (tracebacks end with it)."""
+    lines = (reason or "").strip().splitlines()
+    return lines[-1].strip() if lines else "?"
+
+
+def finite_metrics(metrics: MetricRecord) -> dict[str, float]:
+    """The record's finite scalar metrics; lists, NaN and infinities are left out."""
+    return {
+        k: float(v)
+        for k, v in metrics.items()
+        if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+    }
+
+
 def reply_source(content: RecordDict) -> str:
     info = content.config_records.get(keys.INFO)
     source = info.get(keys.SOURCE) if info is not None else None
@@ -59,8 +74,8 @@ def _check_arrays(
     for name, shape in body_shapes.items():
         try:
             value = arrays[name].numpy()
-        except (TypeError, ValueError) as exc:  # not a NumPy payload, corrupt bytes, object dtype
-            raise RejectedReply(f"'{name}' cannot be read as an array: {exc}") from exc
+        except Exception as exc:  # any undecodable payload (wrong type, truncated, object dtype)
+            raise RejectedReply(f"'{name}' cannot be read as an array: {exc!r}") from exc
         if tuple(value.shape) != shape:
             raise RejectedReply(f"'{name}' has shape {tuple(value.shape)}, the body has {shape}")
         if value.dtype != np.float32:

@@ -96,7 +96,7 @@ def test_aggregates_good_replies_and_drops_bad_ones() -> None:
     reasons = {r["source"]: r["reason"] for r in record.rejected}
     assert set(reasons) == {"missing-key", "wrong-shape", "nan", "zero-weight", "float64"}
     assert "missing ['b']" in reasons["missing-key"] and "NaN" in reasons["nan"]
-    assert record.failed == [{"node": "8", "reason": "ValueError: no data"}]
+    assert record.failed == [{"node": "8", "reason": "ValueError: no data", "source": "?"}]
     assert strategy.history.comm.bytes_up == sum(
         r.content.array_records[keys.ARRAYS].count_bytes() for r in replies[:7]
     )
@@ -169,33 +169,51 @@ def test_unreadable_arrays_and_inflated_weights_are_rejected_not_fatal() -> None
     assert np.isfinite(arrays["b"].numpy()).all()
 
 
-def test_missing_and_malformed_evaluation_replies_are_reported() -> None:
-    grid = LocalGrid(_directory_app({1: ["a"], 2: ["b"], 3: ["c"]}), [{}] * 3, {})
+def test_replies_are_credited_by_message_and_silence_is_reported() -> None:
+    # Prepare: node 1 serves a and c, node 2 serves b, node 3 serves d
+    grid = LocalGrid(_directory_app({1: ["a", "c"], 2: ["b"], 3: ["d"]}), [{}] * 3, {})
     strategy = _strategy(num_rounds=4)
-    list(strategy.configure_evaluate(4, ArrayRecord(strategy.outer.body()), ConfigRecord(), grid))
-    bad = RecordDict(
-        {
-            keys.METRICS: MetricRecord({keys.VAL_BPB: [1.0, 2.0]}),
-            keys.INFO: ConfigRecord({keys.SOURCE: "b"}),
-        }
-    )
-    good = RecordDict(
-        {
-            keys.METRICS: MetricRecord({keys.VAL_BPB: 1.0}),
-            keys.INFO: ConfigRecord({keys.SOURCE: "a"}),
-        }
-    )
-    replies = [
-        Message(good, reply_to=_instruction(grid, 1)),
-        Message(bad, reply_to=_instruction(grid, 2)),
-    ]  # node 3 never answers
+    body = ArrayRecord(strategy.outer.body())
+    sent = list(strategy.configure_evaluate(4, body, ConfigRecord(), grid))
+    for i, msg in enumerate(sent):  # what the grid does when it pushes them
+        msg.metadata.__dict__["_message_id"] = f"m{i}"
+    by_source = {m.content.config_records[keys.CONFIG][keys.SOURCE]: m for m in sent}
 
+    def answer(source: str, said: str, bpb) -> Message:
+        metrics = MetricRecord({keys.VAL_BPB: bpb})
+        content = RecordDict({keys.METRICS: metrics, keys.INFO: ConfigRecord({keys.SOURCE: said})})
+        return Message(content, reply_to=by_source[source])
+
+    expired = Message(Error(code=5, reason="node unavailable"), reply_to=by_source["d"])
+    expired.metadata.__dict__["_src_node_id"] = 1  # the SuperLink makes such replies itself
+    replies = [answer("a", "a", 1.0), answer("b", "b", [1.0, 2.0]), expired]  # c: silence
+
+    # Execute
     result = strategy.aggregate_evaluate(4, replies)
 
+    # Assert
     record = strategy.history.rounds[4]
     assert result[keys.VAL_BPB] == 1.0 and list(record.eval) == ["a"]
     assert record.rejected[0]["source"] == "b" and "finite number" in record.rejected[0]["reason"]
-    assert record.failed == [{"node": "3", "reason": "no reply for c within the round timeout"}]
+    assert sorted(record.failed, key=lambda f: f["source"]) == [
+        {"node": "1", "source": "c", "reason": "no reply within the round timeout"},
+        {"node": "3", "source": "d", "reason": "node unavailable"},
+    ]
+
+
+def test_a_reply_for_another_source_is_rejected() -> None:
+    grid = LocalGrid(_directory_app({1: ["a"]}), [{}], {})
+    strategy = _strategy(num_rounds=1)
+    [msg] = strategy.configure_evaluate(1, ArrayRecord(strategy.outer.body()), ConfigRecord(), grid)
+    msg.metadata.__dict__["_message_id"] = "m0"
+    content = RecordDict(
+        {
+            keys.METRICS: MetricRecord({keys.VAL_BPB: 1.0}),
+            keys.INFO: ConfigRecord({keys.SOURCE: "b"}),
+        }
+    )
+    strategy.aggregate_evaluate(1, [Message(content, reply_to=msg)])
+    assert "asked for 'a'" in strategy.history.rounds[1].rejected[0]["reason"]
 
 
 def test_first_and_last_rounds_evaluate_every_source() -> None:
@@ -206,3 +224,14 @@ def test_first_and_last_rounds_evaluate_every_source() -> None:
         len(list(strategy.configure_evaluate(r, body, ConfigRecord(), grid))) for r in range(4)
     ]
     assert counts == [4, 1, 1, 4]
+
+
+def test_non_finite_side_metrics_do_not_crash_the_bookkeeping() -> None:
+    grid = LocalGrid(None, [{}], {})
+    strategy = _strategy()
+    good = {"a": np.zeros((2, 3), np.float32), "b": np.zeros(4, np.float32)}
+    reply = _reply(grid, 1, good, 10, "ok")
+    reply.content.metric_records[keys.METRICS][keys.EMBEDDING_PARAMS] = float("nan")
+    reply.content.metric_records[keys.METRICS][keys.LOCAL_STEPS] = float("inf")
+    arrays, _ = strategy.aggregate_train(1, [reply])
+    assert arrays is not None and strategy.history.embedding_params["ok"] == 0
