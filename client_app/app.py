@@ -13,6 +13,7 @@ from collections.abc import Callable
 import datasets
 from flwr.app import ArrayRecord, ConfigRecord, Context, Error, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
+from flwr.common.constant import ErrorCode
 
 from client_app.node import node_setup, served_sources
 from dept.config import load_config
@@ -22,7 +23,6 @@ from dept.workspace import Workspace
 from dept_strategy import keys
 
 log = logging.getLogger(__name__)
-CLIENT_APP_RAISED_EXCEPTION = 2  # flwr.common.constant.ErrorCode
 RUN_ID_PATTERN = re.compile(r"[A-Za-z0-9_-]{1,64}")
 app = ClientApp()
 
@@ -51,7 +51,9 @@ def _reply_or_error(msg: Message, context: Context, handler: Callable[[], Record
         who = f"source {who}" if who else f"partition {context.node_config.get('partition-id')}"
         log.exception("%s failed", who)
         reason = f"{who}: {type(exc).__name__}: {exc}"
-        return Message(Error(code=CLIENT_APP_RAISED_EXCEPTION, reason=reason), reply_to=msg)
+        return Message(
+            Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION, reason=reason), reply_to=msg
+        )
     return Message(content, reply_to=msg)
 
 

@@ -13,14 +13,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import cast
 
-import numpy as np
 import torch
 from transformers import PreTrainedModel
 
 from dept.config import DeptConfig
 from dept.data import TokenizedSource, load_source_text, tokenize_source, training_batches
 from dept.evaluate import EvalResult, evaluate_stream
-from dept.model import body_state, build_model, embedding_parameters, load_body
+from dept.model import body_state, build_model, count_params, embedding_parameters, load_body
 from dept.sources import SourceSpec
 from dept.synthetic import oracle_bpb
 from dept.train import TrainStats, make_inner_optimizer, resolve_device, train_local
@@ -104,7 +103,7 @@ class SourceClient:
         return cast(PreTrainedModel, model.to(self.device))  # type: ignore[arg-type]
 
     def embedding_params(self) -> int:
-        return sum(int(np.prod(t.shape)) for t in (self.ws.load_embeddings() or {}).values())
+        return count_params(self.ws.load_embeddings() or {})
 
     def train_round(
         self, body: dict[str, torch.Tensor], global_step: int, server_round: int

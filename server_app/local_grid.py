@@ -13,10 +13,9 @@ from typing import Any
 
 from flwr.app import Context, Error, Message, RecordDict
 from flwr.clientapp import ClientApp
+from flwr.common.constant import ErrorCode
 from flwr.serverapp import Grid
 from flwr.supercore.task_identity import TaskIdentity
-
-CLIENT_APP_RAISED_EXCEPTION = 2  # flwr.common.constant.ErrorCode
 
 
 class LocalGrid(Grid):
@@ -78,7 +77,10 @@ class LocalGrid(Grid):
             reply = self.client_app(msg, context)
         except Exception as exc:  # what the runtime does with a ClientApp exception
             reply = Message(
-                Error(code=CLIENT_APP_RAISED_EXCEPTION, reason=f"{type(exc).__name__}: {exc}"),
+                Error(
+                    code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION,
+                    reason=f"{type(exc).__name__}: {exc}",
+                ),
                 reply_to=msg,
             )
         return reply
