@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
+from flwr.app import ConfigRecord, Error, Message, RecordDict
 
 from dept.config import DeptConfig, to_run_config
+from dept_strategy import keys
 
 # ../shared/corpora beside the checkout; DEPT_CORPORA points elsewhere.
 CORPORA = Path(
@@ -35,6 +38,19 @@ def debug_run_config(tmp_path: Path, **overrides: Any) -> dict[str, Any]:
     )
     config.update(overrides)
     return config
+
+
+def directory_app(sources_by_node: dict[int, list[str]]) -> Callable[[Message, Any], Message]:
+    """A ClientApp stand-in that only answers discovery queries; unlisted nodes fail."""
+
+    def app(msg: Message, context: Any) -> Message:
+        served = sources_by_node.get(context.node_id)
+        if served is None:
+            reason = "Traceback ...\nConfigError: source 'x': no data"
+            return Message(Error(code=2, reason=reason), reply_to=msg)
+        return Message(RecordDict({keys.INFO: ConfigRecord({keys.SOURCES: served})}), reply_to=msg)
+
+    return app
 
 
 def corpus(name: str) -> Path:

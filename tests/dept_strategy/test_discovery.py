@@ -1,21 +1,10 @@
 import time
 
 import pytest
-from flwr.app import ConfigRecord, Error, Message, RecordDict
 
-from dept_strategy import keys
 from dept_strategy.discovery import NotEnoughNodes, SourceDirectory
 from server_app.local_grid import LocalGrid
-
-
-def _app(served: dict[int, list[str]]):
-    def app(msg: Message, context) -> Message:
-        sources = served.get(context.node_id)
-        if sources is None:
-            return Message(Error(code=2, reason="ConfigError: source 'x': no data"), reply_to=msg)
-        return Message(RecordDict({keys.INFO: ConfigRecord({keys.SOURCES: sources})}), reply_to=msg)
-
-    return app
+from tests.helpers import directory_app
 
 
 class ArrivingGrid(LocalGrid):
@@ -35,14 +24,14 @@ def _directory(wait_s: float) -> SourceDirectory:
 
 
 def test_a_bad_first_node_does_not_end_the_wait_for_a_good_one() -> None:
-    grid = ArrivingGrid(_app({2: ["de"]}), delay=1.5)
+    grid = ArrivingGrid(directory_app({2: ["de"]}), delay=1.5)
     failures: list[tuple[int, str]] = []
     owners = _directory(wait_s=30).wait(grid, 0, lambda n, r: failures.append((n, r)))
     assert owners == {"de": 2} and failures[0][0] == 1
 
 
 def test_gives_up_early_with_every_reason_when_no_node_can_serve() -> None:
-    grid = LocalGrid(_app({2: []}), [{}, {}], {})
+    grid = LocalGrid(directory_app({2: []}), [{}, {}], {})
     started = time.monotonic()
     with pytest.raises(
         NotEnoughNodes, match=r"no connected node can serve a source: node 1: .*no data"
@@ -53,7 +42,7 @@ def test_gives_up_early_with_every_reason_when_no_node_can_serve() -> None:
 
 def test_a_forgotten_node_is_asked_again_next_round() -> None:
     served = {1: ["de"]}
-    grid = LocalGrid(_app(served), [{}], {})
+    grid = LocalGrid(directory_app(served), [{}], {})
     directory = _directory(wait_s=2)
     assert directory.refresh(grid, 1, lambda n, r: None) == {"de": 1}
     served[1] = ["fr"]  # the node restarted with other data

@@ -12,19 +12,7 @@ from dept_strategy.discovery import NotEnoughNodes
 from dept_strategy.outer import OuterOptimizer
 from dept_strategy.strategy import DeptStrategy
 from server_app.local_grid import LocalGrid
-
-
-def _directory_app(sources_by_node: dict[int, list[str]]):
-    """A ClientApp stand-in that only answers discovery queries."""
-
-    def app(msg: Message, context) -> Message:
-        served = sources_by_node.get(context.node_id)
-        if served is None:
-            return Message(Error(code=2, reason="Traceback\nConfigError: no data"), reply_to=msg)
-        return Message(RecordDict({keys.INFO: ConfigRecord({keys.SOURCES: served})}), reply_to=msg)
-
-    return app
-
+from tests.helpers import directory_app
 
 BODY = {"a": torch.ones(2, 3), "b": torch.zeros(4)}
 
@@ -112,7 +100,7 @@ def test_no_usable_reply_leaves_the_body_unchanged() -> None:
 
 def test_configure_train_samples_sources_and_sends_only_the_body() -> None:
     # Prepare: node 1 serves two sources, node 2 one, node 3 none, node 4 is broken
-    grid = LocalGrid(_directory_app({1: ["a", "c"], 2: ["b"], 3: []}), [{}] * 4, {})
+    grid = LocalGrid(directory_app({1: ["a", "c"], 2: ["b"], 3: []}), [{}] * 4, {})
     strategy = _strategy(fraction_train=0.67, min_train_nodes=1)
     body = ArrayRecord(strategy.outer.body())
     # Execute
@@ -127,13 +115,15 @@ def test_configure_train_samples_sources_and_sends_only_the_body() -> None:
     config = content.config_records[keys.CONFIG]
     assert config[keys.GLOBAL_STEP] == 10 and config[keys.SERVER_ROUND] == 3
     assert strategy.history.comm.bytes_down == 2 * body.count_bytes()
-    assert strategy.history.rounds[3].failed == [{"node": "4", "reason": "ConfigError: no data"}]
+    assert strategy.history.rounds[3].failed == [
+        {"node": "4", "reason": "ConfigError: source 'x': no data"}
+    ]
     everyone = _strategy(min_train_nodes=3, fraction_train=0.1)
     assert len(list(everyone.configure_train(1, body, ConfigRecord(), grid))) == 3
 
 
 def test_waiting_for_nodes_is_bounded() -> None:
-    grid = LocalGrid(_directory_app({1: ["a"], 2: ["b"]}), [{}] * 2, {})
+    grid = LocalGrid(directory_app({1: ["a"], 2: ["b"]}), [{}] * 2, {})
     with pytest.raises(NotEnoughNodes, match=r"for 5 node\(s\) .* saw 2 node"):
         _strategy(min_available_nodes=5).wait_for_sources(grid)
     assert _strategy(min_available_nodes=2).wait_for_sources(grid) == {"a": 1, "b": 2}
@@ -171,7 +161,7 @@ def test_unreadable_arrays_and_inflated_weights_are_rejected_not_fatal() -> None
 
 def test_replies_are_credited_by_message_and_silence_is_reported() -> None:
     # Prepare: node 1 serves a and c, node 2 serves b, node 3 serves d
-    grid = LocalGrid(_directory_app({1: ["a", "c"], 2: ["b"], 3: ["d"]}), [{}] * 3, {})
+    grid = LocalGrid(directory_app({1: ["a", "c"], 2: ["b"], 3: ["d"]}), [{}] * 3, {})
     strategy = _strategy(num_rounds=4)
     body = ArrayRecord(strategy.outer.body())
     sent = list(strategy.configure_evaluate(4, body, ConfigRecord(), grid))
@@ -202,7 +192,7 @@ def test_replies_are_credited_by_message_and_silence_is_reported() -> None:
 
 
 def test_a_reply_for_another_source_is_rejected() -> None:
-    grid = LocalGrid(_directory_app({1: ["a"]}), [{}], {})
+    grid = LocalGrid(directory_app({1: ["a"]}), [{}], {})
     strategy = _strategy(num_rounds=1)
     [msg] = strategy.configure_evaluate(1, ArrayRecord(strategy.outer.body()), ConfigRecord(), grid)
     msg.metadata.__dict__["_message_id"] = "m0"
@@ -217,7 +207,7 @@ def test_a_reply_for_another_source_is_rejected() -> None:
 
 
 def test_first_and_last_rounds_evaluate_every_source() -> None:
-    grid = LocalGrid(_directory_app({1: ["a", "b"], 2: ["c", "d"]}), [{}] * 2, {})
+    grid = LocalGrid(directory_app({1: ["a", "b"], 2: ["c", "d"]}), [{}] * 2, {})
     strategy = _strategy(fraction_evaluate=0.25, num_rounds=3)
     body = ArrayRecord(strategy.outer.body())
     counts = [
