@@ -24,12 +24,16 @@ class InFlight:
 
     def __init__(self) -> None:
         self._sent: list[tuple[Message, Target]] = []
+        self._index: dict[str, Target] | None = None  # built once the ids exist
 
     def track(self, message: Message, target: Target) -> None:
         self._sent.append((message, target))
+        self._index = None
 
     def _by_id(self) -> dict[str, Target]:
-        return {m.metadata.message_id: t for m, t in self._sent if m.metadata.message_id}
+        if self._index is None or len(self._index) < len(self._sent):  # ids appear on send
+            self._index = {m.metadata.message_id: t for m, t in self._sent if m.metadata.message_id}
+        return self._index
 
     def target_of(self, reply: Message) -> Target | None:
         """The node and source the replied-to message was sent for (None if not ours)."""
@@ -39,5 +43,5 @@ class InFlight:
         """Targets whose message got no reply at all (timed out), then forget them all."""
         answered = {r.metadata.reply_to_message_id for r in replies}
         missing = [t for mid, t in self._by_id().items() if mid not in answered]
-        self._sent = []
+        self._sent, self._index = [], None
         return missing
