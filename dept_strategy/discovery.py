@@ -18,6 +18,7 @@ from flwr.app import ConfigRecord, Message, MessageType, RecordDict
 from flwr.serverapp import Grid
 
 from dept_strategy import keys
+from dept_strategy.inflight import InFlight, Target
 from dept_strategy.validation import last_line
 
 log = logging.getLogger(__name__)
@@ -54,24 +55,7 @@ class SourceDirectory:
         )
         self.asked_in_round.update(dict.fromkeys(unknown, server_round))
         if unknown:
-            config = ConfigRecord({keys.RUN_ID: self.run_id})
-            messages = [
-                Message(
-                    RecordDict({keys.CONFIG: config}), dst_node_id=n, message_type=MessageType.QUERY
-                )
-                for n in unknown
-            ]
-            replies = list(grid.send_and_receive(messages, timeout=self.query_timeout_s))
-            # by message id: an error the SuperLink makes (node gone) is not sent by the node
-            node_of = {m.metadata.message_id: m.metadata.dst_node_id for m in messages}
-            answered = set()
-            for reply in replies:
-                node = node_of.get(reply.metadata.reply_to_message_id, reply.metadata.src_node_id)
-                answered.add(node)
-                self._learn(node, reply, on_failure)
-            for node in set(unknown) - answered:
-                self.failures[node] = f"no answer within {self.query_timeout_s:.0f} s"
-                on_failure(node, f"did not say which sources it serves: {self.failures[node]}")
+            self._ask(grid, unknown, on_failure)
         owners: dict[str, int] = {}
         for node in sorted(connected & self.node_sources.keys()):
             for source in self.node_sources[node]:
@@ -86,6 +70,26 @@ class SourceDirectory:
                     continue
                 owners[source] = node
         return owners
+
+    def _ask(self, grid: Grid, nodes: list[int], on_failure: Callable[[int, str], None]) -> None:
+        config = ConfigRecord({keys.RUN_ID: self.run_id})
+        in_flight = InFlight()  # credits a reply the SuperLink made (node gone) to its node
+        messages = []
+        for node in nodes:
+            message = Message(
+                RecordDict({keys.CONFIG: config}), dst_node_id=node, message_type=MessageType.QUERY
+            )
+            in_flight.track(message, Target(node, ""))
+            messages.append(message)
+        replies = list(grid.send_and_receive(messages, timeout=self.query_timeout_s))
+        for reply in replies:
+            target = in_flight.target_of(reply)
+            self._learn(target.node if target else reply.metadata.src_node_id, reply, on_failure)
+        for target in in_flight.unanswered(replies):
+            self.failures[target.node] = f"no answer within {self.query_timeout_s:.0f} s"
+            on_failure(
+                target.node, f"did not say which sources it serves: {self.failures[target.node]}"
+            )
 
     def forget(self, node: int) -> None:
         """Ask ``node`` again next round (it failed: it may have restarted with other data)."""
