@@ -1,5 +1,8 @@
 """Thin Flower handlers: unpack the Message, call :class:`dept.source_client.SourceClient`, reply.
 
+``arrays`` in a train or evaluate message hold θ, plus φ for GLOB and φ's V_k rows for
+TRIM; a train reply holds their pseudo-gradients (and, for TRIM, the ids of the rows).
+
 A failure (bad node config, unreadable data, NaN loss) becomes an error reply whose reason
 names the source and the problem, so it reaches the server log and the round goes on.
 """
@@ -11,7 +14,17 @@ import re
 from collections.abc import Callable
 
 import datasets
-from flwr.app import ArrayRecord, ConfigRecord, Context, Error, Message, MetricRecord, RecordDict
+import numpy as np
+from flwr.app import (
+    Array,
+    ArrayRecord,
+    ConfigRecord,
+    Context,
+    Error,
+    Message,
+    MetricRecord,
+    RecordDict,
+)
 from flwr.clientapp import ClientApp
 from flwr.common.constant import ErrorCode
 
@@ -62,13 +75,23 @@ def query(msg: Message, context: Context) -> Message:
     """Discovery: which sources this node serves (data paths checked)."""
 
     def run() -> RecordDict:
+        config = msg.content.config_records[keys.CONFIG]
+        if config.get(keys.REQUEST) == keys.VOCABULARY:
+            client = _client(msg, context)
+            ids = client.shared_ids
+            if ids is None:
+                raise ValueError(f"variant {client.cfg.variant!r} shares no embedding rows")
+            info = ConfigRecord({keys.SOURCE: client.spec.name})
+            arrays = ArrayRecord({keys.EMBEDDING_IDS: Array(ids.astype(np.int32))})
+            return RecordDict({keys.ARRAYS: arrays, keys.INFO: info})
         served, _ = served_sources(load_config(context.run_config), dict(context.node_config))
         return RecordDict({keys.INFO: ConfigRecord({keys.SOURCES: [s.name for s in served]})})
 
     return _reply_or_error(msg, context, run)
 
 
-def _body(msg: Message) -> dict:
+def _shared(msg: Message) -> dict:
+    """θ, and φ or its rows where the variant shares them."""
     return msg.content.array_records[keys.ARRAYS].to_torch_state_dict()
 
 
@@ -79,9 +102,11 @@ def train(msg: Message, context: Context) -> Message:
         config = msg.content.config_records[keys.CONFIG]
         received = msg.content.array_records[keys.ARRAYS].count_bytes()
         result = client.train_round(
-            _body(msg), int(config[keys.GLOBAL_STEP]), int(config[keys.SERVER_ROUND])
+            _shared(msg), int(config[keys.GLOBAL_STEP]), int(config[keys.SERVER_ROUND])
         )
         arrays = ArrayRecord(result.delta)
+        if client.shared_ids is not None:
+            arrays[keys.EMBEDDING_IDS] = Array(client.shared_ids.astype(np.int32))
         metrics = MetricRecord(
             {
                 keys.NUM_EXAMPLES: result.stats.tokens,
@@ -105,7 +130,7 @@ def train(msg: Message, context: Context) -> Message:
 def evaluate(msg: Message, context: Context) -> Message:
     def run() -> RecordDict:
         client = _client(msg, context)
-        result = client.evaluate(_body(msg))
+        result = client.evaluate(_shared(msg))
         metrics = MetricRecord(
             {
                 keys.NUM_EXAMPLES: result.tokens,

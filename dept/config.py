@@ -21,7 +21,7 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 VARIANTS = ("glob", "trim", "spec", "spec-opt")
-OUTER_OPTIMIZERS = ("fedavg", "nesterov")
+OUTER_OPTIMIZERS = ("fedavg", "nesterov", "fedadam")
 DEVICES = ("auto", "cpu", "cuda", "mps")
 BASE_DIR_ENV = "DEPT_HOME"
 T = TypeVar("T")
@@ -69,7 +69,7 @@ class DeptConfig:
     wait_for_nodes_s: float = 120.0
     round_timeout_s: float = 3600.0
     global_vocab_size: int = 4096
-    eval_tokens: int = 32768
+    eval_bytes: int = 65536
     eval_batch_size: int = 16
     seed: int = 0
     device: str = "auto"
@@ -96,7 +96,7 @@ class DeptConfig:
         for name in (
             "warmup_steps",
             "min_available_nodes",
-            "eval_tokens",
+            "eval_bytes",
             "min_train_nodes",
             "seed",
         ):
@@ -114,8 +114,8 @@ class DeptConfig:
         )
         _check(
             "outer_momentum",
-            self.outer_optimizer != "nesterov" or self.outer_momentum > 0,
-            "must be > 0 with outer-optimizer 'nesterov'",
+            self.outer_optimizer == "fedavg" or self.outer_momentum > 0,
+            f"must be > 0 with outer-optimizer {self.outer_optimizer!r}",
         )
         _check("lr", self.lr > 0, "must be > 0")
         _check("outer_lr", self.outer_lr > 0, "must be > 0")

@@ -14,7 +14,6 @@ import torch
 import torch.nn.functional as F
 from transformers import PreTrainedModel
 
-from dept.data import block, num_blocks
 from dept.train import autocast
 from dept.vocab import VocabMap
 
@@ -28,6 +27,19 @@ class EvalResult:
     bytes: int
 
 
+def byte_prefix(tokens: np.ndarray, token_bytes: np.ndarray, max_bytes: int) -> np.ndarray:
+    """The shortest prefix of ``tokens`` whose predicted tokens cover ``max_bytes`` of text.
+
+    Cutting by bytes, not tokens, scores every method on the same text whatever its
+    tokenizer (to within one token); 0 keeps everything.
+    """
+    if max_bytes <= 0 or len(tokens) < 2:
+        return tokens
+    covered = np.cumsum(token_bytes[tokens[1:]])
+    targets = int(np.searchsorted(covered, max_bytes)) + 1
+    return tokens[: targets + 1]
+
+
 @torch.no_grad()
 def evaluate_stream(
     model: PreTrainedModel,
@@ -36,31 +48,29 @@ def evaluate_stream(
     *,
     seq_len: int,
     batch_size: int,
-    max_tokens: int = 0,
+    max_bytes: int = 0,
     vocab_map: VocabMap | None = None,
 ) -> EvalResult:
-    """Score ``tokens`` (global ids) in non-overlapping windows, up to ``max_tokens`` targets.
+    """Score the first ``max_bytes`` of ``tokens`` (global ids) in non-overlapping windows.
 
-    With a ``vocab_map`` (SPEC) the model scores local rows; a target outside V_k gets the
-    "other" row's probability split evenly over the ids it stands for.
+    With a ``vocab_map`` (SPEC, TRIM) the model scores local rows; a target outside V_k gets
+    the "other" row's probability split evenly over the ids it stands for.
     """
     device = next(model.parameters()).device
     model.eval()
-    n = num_blocks(tokens, seq_len)
-    if max_tokens:
-        n = min(n, max(1, max_tokens // seq_len))
-    if n < 1:
-        raise ValueError(
-            f"the validation text has {len(tokens)} tokens: too few for seq-len {seq_len}"
-        )
+    tokens = byte_prefix(tokens, token_bytes, max_bytes)
+    if len(tokens) < 2:
+        raise ValueError(f"the validation text has {len(tokens)} tokens: nothing to score")
+    starts = range(0, len(tokens) - 1, seq_len)
+    full = [s for s in starts if s + seq_len < len(tokens)]
+    batches = [full[i : i + batch_size] for i in range(0, len(full), batch_size)]
+    batches += [[s] for s in starts if s + seq_len >= len(tokens)]  # the shorter last window
     nll_nats, count, size = 0.0, 0, 0
     outside_penalty = (
         math.log(vocab_map.num_outside) if vocab_map and vocab_map.num_outside else 0.0
     )
-    for start in range(0, n, batch_size):
-        global_ids = np.stack(
-            [block(tokens, i, seq_len) for i in range(start, min(n, start + batch_size))]
-        )
+    for group in batches:
+        global_ids = np.stack([tokens[s : s + seq_len + 1] for s in group])
         local_ids = vocab_map.to_local(global_ids) if vocab_map else global_ids
         batch = torch.from_numpy(local_ids).to(device, dtype=torch.long)
         with autocast(device):

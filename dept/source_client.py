@@ -1,9 +1,16 @@
-"""One data source as a DEPT participant: it trains the shared body with its own embeddings.
+"""One data source as a DEPT participant: it trains the shared body with its embeddings.
 
-This is the whole client side of a round, free of Flower: take θ from the server, attach φ_k
-(created on first participation, then reloaded from the node's state), train N local steps
-on the source's stream from where the last round stopped, store φ_k and the stream position,
-and return the pseudo-gradient Δ_k = θ_global − θ_local.
+This is the whole client side of a round, free of Flower: take θ from the server, attach the
+embeddings, train N local steps on the source's stream from where the last round stopped,
+store what stays on the node, and return the pseudo-gradient of what is shared.
+
+Where the embeddings come from, by variant:
+
+- SPEC-OPT, SPEC: φ_k is the source's own (own tokenizer, or the V_k rows of the global one
+  plus an "other" row), created on first participation and kept on the node.
+- TRIM: the V_k rows come from the server each round and their update goes back with the
+  ids; only the "other" row is the node's own.
+- GLOB: the whole global φ comes from the server and its whole update goes back.
 """
 
 from __future__ import annotations
@@ -13,13 +20,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import cast
 
+import numpy as np
 import torch
 from transformers import PreTrainedModel
 
 from dept.config import DeptConfig
 from dept.data import TokenizedSource, load_source_text, tokenize_source, training_batches
 from dept.evaluate import EvalResult, evaluate_stream
-from dept.model import body_state, build_model, count_params, embedding_parameters, load_body
+from dept.model import PRESETS, body_state, build_model, embedding_parameters, load_body
 from dept.sources import SourceSpec
 from dept.synthetic import oracle_bpb
 from dept.train import TrainStats, make_inner_optimizer, resolve_device, train_local
@@ -66,8 +74,13 @@ class SourceClient:
             text, self.tokenizer, tokenizer_digest(tok_path), workspace.cache / "tokens" / spec.name
         )
         self.token_bytes = token_byte_lengths(self.tokenizer)
-        self.vocab_map = self._vocab_map() if cfg.variant == "spec" else None
+        self.vocab_map = self._vocab_map() if cfg.variant in ("spec", "trim") else None
         self.oracle_bpb = oracle_bpb(text.folder) if text.folder else None
+        if cfg.variant == "glob" and len(self.tokenizer) > cfg.global_vocab_size:
+            raise ValueError(
+                f"the global tokenizer {tok_path} has {len(self.tokenizer)} tokens, more than "
+                f"config key 'global-vocab-size' ({cfg.global_vocab_size}) rows"
+            )
 
     def _vocab_map(self) -> VocabMap:
         ids = self.ws.load_vocab_ids()
@@ -78,11 +91,25 @@ class SourceClient:
 
     @property
     def vocab_size(self) -> int:
-        """Rows of this source's embedding matrix (|V_k| + 1 for SPEC)."""
+        """Rows of this source's embedding matrix (|V_k| + 1 for SPEC and TRIM)."""
+        if self.cfg.variant == "glob":
+            return self.cfg.global_vocab_size
         return self.vocab_map.local_vocab_size if self.vocab_map else len(self.tokenizer)
 
-    def model(self, body: dict[str, torch.Tensor]) -> PreTrainedModel:
-        """θ from the server plus this source's φ_k (created and saved on first use)."""
+    @property
+    def shared_ids(self) -> np.ndarray | None:
+        """TRIM: the global φ rows this source holds (V_k, sorted); None for other variants."""
+        return self.vocab_map.kept_ids if self.cfg.variant == "trim" and self.vocab_map else None
+
+    def _shared_rows(self) -> int:
+        """How many leading rows of this source's φ come from (and go back to) the server."""
+        if self.cfg.variant == "glob":
+            return self.vocab_size
+        ids = self.shared_ids
+        return len(ids) if ids is not None else 0
+
+    def model(self, arrays: dict[str, torch.Tensor]) -> PreTrainedModel:
+        """θ (and shared φ rows) from the server plus this node's own φ rows."""
         model = build_model(
             self.cfg.model,
             self.vocab_size,
@@ -90,25 +117,35 @@ class SourceClient:
             tie_embeddings=self.cfg.tie_embeddings,
             seed=self.cfg.seed,
         )
-        load_body(model, body)
         embeddings = embedding_parameters(model)
+        load_body(model, {k: v for k, v in arrays.items() if k not in embeddings})
+        own = self._own_embeddings(embeddings) if self.cfg.variant != "glob" else {}
+        shared = self._shared_rows()
+        with torch.no_grad():
+            for name, param in embeddings.items():
+                if name in own:
+                    param.copy_(own[name])
+                if shared:
+                    param[:shared].copy_(arrays[name])
+        return cast(PreTrainedModel, model.to(self.device))  # type: ignore[arg-type]
+
+    def _own_embeddings(self, embeddings: dict[str, torch.nn.Parameter]) -> dict[str, torch.Tensor]:
         stored = self.ws.load_embeddings()
         if stored is None:
             shapes = {k: tuple(p.shape) for k, p in embeddings.items()}
             stored = init_embeddings(shapes, self.cfg.seed, self.spec.name)  # type: ignore[arg-type]
             self.ws.save_embeddings(stored)
-        with torch.no_grad():
-            for name, param in embeddings.items():
-                param.copy_(stored[name])
-        return cast(PreTrainedModel, model.to(self.device))  # type: ignore[arg-type]
+        return stored
 
     def embedding_params(self) -> int:
-        return count_params(self.ws.load_embeddings() or {})
+        """Embedding parameters this source trains with (its memory for φ)."""
+        width = PRESETS[self.cfg.model].hidden_size
+        return self.vocab_size * width * (1 if self.cfg.tie_embeddings else 2)
 
     def train_round(
-        self, body: dict[str, torch.Tensor], global_step: int, server_round: int
+        self, arrays: dict[str, torch.Tensor], global_step: int, server_round: int
     ) -> RoundResult:
-        model = self.model(body)
+        model = self.model(arrays)
         optimizer = make_inner_optimizer(model, self.cfg)
         saved = self.ws.load_optimizer() if self.cfg.keep_inner_optimizer else None
         if saved is not None:
@@ -127,21 +164,26 @@ class SourceClient:
             start_step=global_step,
             desc=f"round {server_round} {self.spec.name}",
         )
-        local = body_state(model)
-        delta = {name: body[name].float() - local[name] for name in body}
-        self.ws.save_embeddings(dict(embedding_parameters(model)))
+        embeddings = embedding_parameters(model)
+        local = {
+            **body_state(model),
+            **{k: p[: self._shared_rows()] for k, p in embeddings.items()},
+        }
+        delta = {name: arrays[name].float() - local[name].detach().cpu() for name in arrays}
+        if self.cfg.variant != "glob":
+            self.ws.save_embeddings(dict(embeddings))
         self.ws.save_position(position)
         if self.cfg.keep_inner_optimizer:
             self.ws.save_optimizer(optimizer.state_dict())
         return RoundResult(delta, stats)
 
-    def evaluate(self, body: dict[str, torch.Tensor]) -> EvalResult:
+    def evaluate(self, arrays: dict[str, torch.Tensor]) -> EvalResult:
         return evaluate_stream(
-            self.model(body),
+            self.model(arrays),
             self.tokens.validation,
             self.token_bytes,
             seq_len=self.cfg.seq_len,
             batch_size=self.cfg.eval_batch_size,
-            max_tokens=self.cfg.eval_tokens,
+            max_bytes=self.cfg.eval_bytes,
             vocab_map=self.vocab_map,
         )

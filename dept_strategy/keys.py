@@ -15,6 +15,11 @@ SERVER_ROUND = "server-round"
 GLOBAL_STEP = "global-step"
 RUN_ID = "run-id"
 SOURCE = "source"  # which of the node's sources acts (train, evaluate); also in replies' info
+REQUEST = "request"  # what a query asks: absent = which sources; VOCABULARY = V_k of SOURCE
+VOCABULARY = "vocabulary"
+
+# Array keys besides θ's parameter names (``input``/``output`` are φ, GLOB and TRIM)
+EMBEDDING_IDS = "embedding-ids"  # TRIM: the global φ rows (V_k) a source holds, int32
 
 # ConfigRecord keys, client -> server (``info`` of a query reply)
 SOURCES = "sources"  # the source names a node serves

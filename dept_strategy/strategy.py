@@ -1,9 +1,16 @@
-"""The DEPT strategy for SPEC and SPEC-OPT: only the body θ travels; embeddings stay home.
+"""The DEPT strategy: what each sampled source receives, and how the replies are aggregated.
 
-Round t: sample sources (found through :mod:`dept_strategy.discovery`), send θ_{t-1} with
-the round's global step to the node of each, receive pseudo-gradients
-Δ_k = θ_{t-1} − θ_k weighted by tokens trained, check each one, average them as they come
-(one running sum, not a copy per reply), and take the outer optimizer step.
+Round t: sample sources (found through :mod:`dept_strategy.discovery`), send each source's
+node the shared tensors with the round's global step, receive pseudo-gradients
+Δ_k = shared_{t-1} − shared_k weighted by tokens trained, check each one, average them as
+they come (:mod:`dept_strategy.aggregate`), and take the outer optimizer step.
+
+What is shared, by variant:
+
+- SPEC, SPEC-OPT: the body θ only; embeddings never leave the nodes.
+- GLOB: θ and the whole global φ (FedAvg on the whole model).
+- TRIM: θ and the rows of φ in the source's V_k (asked once, :mod:`dept_strategy.vocabularies`);
+  each row is averaged over the sampled sources that hold it.
 """
 
 from __future__ import annotations
@@ -14,12 +21,20 @@ import random
 from collections.abc import Callable, Iterable
 
 import numpy as np
-import torch
-from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.app import (
+    Array,
+    ArrayRecord,
+    ConfigRecord,
+    Message,
+    MessageType,
+    MetricRecord,
+    RecordDict,
+)
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
 from dept_strategy import keys
+from dept_strategy.aggregate import RoundMean
 from dept_strategy.discovery import SourceDirectory
 from dept_strategy.history import RunHistory
 from dept_strategy.inflight import InFlight, Target
@@ -32,6 +47,7 @@ from dept_strategy.validation import (
     last_line,
     reply_source,
 )
+from dept_strategy.vocabularies import SourceVocabularies
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +70,11 @@ class DeptStrategy(Strategy):
         max_tokens_per_round: float = math.inf,
         num_rounds: int = 0,
         seed: int = 0,
+        embedding_names: tuple[str, ...] = (),
+        trim: bool = False,
     ) -> None:
+        """``embedding_names``: the φ tensors among the outer optimizer's (GLOB, TRIM);
+        ``trim``: send each source only its V_k rows of them."""
         if not 0 < fraction_train <= 1:
             raise ValueError(f"fraction_train must be in (0, 1], got {fraction_train}")
         if not 0 <= fraction_evaluate <= 1:
@@ -79,17 +99,34 @@ class DeptStrategy(Strategy):
         self.rng = random.Random(seed)
         self.eval_rng = random.Random(seed + 1)  # evaluation draws do not shift training's
         self.shapes = outer.shapes()
-        self.history = RunHistory(body_params=sum(int(np.prod(s)) for s in self.shapes.values()))
+        self.embedding_names = embedding_names
+        self.vocabularies = (
+            SourceVocabularies(
+                run_id=run_id,
+                num_rows=self.shapes[embedding_names[0]][0],
+                timeout_s=query_timeout_s,
+            )
+            if trim and embedding_names
+            else None
+        )
+        body_params = sum(
+            int(np.prod(s)) for n, s in self.shapes.items() if n not in embedding_names
+        )
+        self.history = RunHistory(body_params=body_params)
 
     def summary(self) -> None:
+        shared = "θ only"
+        if self.embedding_names:
+            shared = "θ + φ rows in V_k" if self.vocabularies else "θ + the whole φ"
         log.info(
             "DEPT strategy: outer %s, fraction-train %.2f (min %d), %d local steps, "
-            "body %d parameters",
+            "body %d parameters, sends %s",
             self.outer.kind,
             self.fraction_train,
             self.min_train_nodes,
             self.local_steps,
             self.history.body_params,
+            shared,
         )
 
     def global_step(self, server_round: int) -> int:
@@ -99,6 +136,13 @@ class DeptStrategy(Strategy):
     def wait_for_sources(self, grid: Grid, server_round: int = 0) -> dict[str, int]:
         """``{source: node}`` once enough nodes are there; bounded by ``wait-for-nodes-s``."""
         return self.directory.wait(grid, server_round, self._failure_logger(server_round))
+
+    def _target_failure_logger(self, server_round: int) -> Callable[[Target, str], None]:
+        def record(target: Target, reason: str) -> None:
+            log.warning("round %d: source %s: %s", server_round, target.source, last_line(reason))
+            self._failure_logger(server_round, target.source)(target.node, reason)
+
+        return record
 
     def _failure_logger(
         self, server_round: int, source: str | None = None
@@ -119,20 +163,53 @@ class DeptStrategy(Strategy):
             owners = self.wait_for_sources(grid, server_round)
         k = min(len(owners), max(minimum, math.floor(len(owners) * fraction)))
         chosen = sorted(rng.sample(sorted(owners), k))
-        return {source: owners[source] for source in chosen}
+        targets = {source: owners[source] for source in chosen}
+        if self.vocabularies is None:
+            return targets
+        known, received = self.vocabularies.ensure(
+            grid, targets, self._target_failure_logger(server_round)
+        )
+        self.history.record_bytes_up(server_round, received)
+        return known
+
+    def _arrays_for(self, source: str, arrays: ArrayRecord) -> ArrayRecord:
+        """What ``source`` receives: ``arrays`` as is, or with φ cut to its V_k rows (TRIM)."""
+        if self.vocabularies is None:
+            return arrays
+        rows = self.vocabularies.ids[source]
+        trimmed = ArrayRecord()
+        for name in arrays:
+            if name in self.embedding_names:
+                trimmed[name] = Array(arrays[name].numpy()[rows])
+            else:
+                trimmed[name] = arrays[name]  # the same θ payload, not a copy
+        return trimmed
+
+    def _expected(self, source: str) -> tuple[dict[str, tuple[int, ...]], np.ndarray | None]:
+        """Shapes a reply from ``source`` must have, and its φ row ids (TRIM)."""
+        if self.vocabularies is None:
+            return self.shapes, None
+        rows = self.vocabularies.ids[source]
+        shapes = {
+            n: (len(rows), *s[1:]) if n in self.embedding_names else s
+            for n, s in self.shapes.items()
+        }
+        return shapes, rows
 
     def _messages(
         self, arrays: ArrayRecord, config: ConfigRecord, targets: dict[str, int], message_type: str
-    ) -> list[Message]:
-        """One message per source, to the node serving it; θ is shared, not copied."""
-        messages = []
+    ) -> tuple[list[Message], int]:
+        """One message per source, to the node serving it, and the bytes of their arrays."""
+        messages, sent = [], 0
         for source, node in targets.items():
             per_source = ConfigRecord({**config, keys.SOURCE: source})
-            record = RecordDict({keys.ARRAYS: arrays, keys.CONFIG: per_source})
+            shared = self._arrays_for(source, arrays)
+            sent += shared.count_bytes()
+            record = RecordDict({keys.ARRAYS: shared, keys.CONFIG: per_source})
             message = Message(content=record, dst_node_id=node, message_type=message_type)
             self.in_flight.track(message, Target(node, source))
             messages.append(message)
-        return messages
+        return messages, sent
 
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
@@ -145,45 +222,40 @@ class DeptStrategy(Strategy):
         config[keys.RUN_ID] = self.run_id
         record = self.history.at(server_round, self.global_step(server_round))
         record.sampled = len(targets)
-        sent = arrays.count_bytes() * len(targets)
+        log.info("round %d: training %s", server_round, ", ".join(targets))
+        messages, sent = self._messages(arrays, config, targets, MessageType.TRAIN)
         record.bytes_down += sent
         self.history.comm.bytes_down += sent
-        log.info("round %d: training %s", server_round, ", ".join(targets))
-        return self._messages(arrays, config, targets, MessageType.TRAIN)
+        return messages
 
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        total: dict[str, np.ndarray] = {
-            n: np.zeros(s, dtype=np.float64) for n, s in self.shapes.items()
-        }
-        weight_sum, loss_sum = 0.0, 0.0
+        mean = RoundMean(self.shapes, self.embedding_names)
+        loss_sum = 0.0
         replies = list(replies)
         for reply in replies:
-            if (accepted := self._accumulate(server_round, reply, total)) is not None:
-                weight, loss = accepted
-                weight_sum += weight
-                loss_sum += weight * loss
+            if (accepted := self._accumulate(server_round, reply, mean)) is not None:
+                loss_sum += accepted
         self._record_missing(server_round, replies)
-        if weight_sum <= 0:
-            log.warning("round %d: no usable training reply; the body is unchanged", server_round)
+        if mean.weight <= 0:
+            log.warning("round %d: no usable training reply; the model is unchanged", server_round)
             return None, None
-        delta = {n: v / weight_sum for n, v in total.items()}
-        if not all(np.isfinite(v).all() for v in delta.values()):
+        result = mean.result()
+        if result is None:
             log.warning(
-                "round %d: the averaged update is not finite; the body is unchanged", server_round
+                "round %d: the averaged update is not finite; the model is unchanged", server_round
             )
             return None, None
-        self.outer.step({n: torch.from_numpy(v.astype(np.float32)) for n, v in delta.items()})
+        delta, frozen_rows = result
+        self.outer.step(delta, frozen_rows)
         metrics = MetricRecord(
-            {keys.TRAIN_LOSS: loss_sum / weight_sum, keys.NUM_EXAMPLES: weight_sum}
+            {keys.TRAIN_LOSS: loss_sum / mean.weight, keys.NUM_EXAMPLES: mean.weight}
         )
-        return ArrayRecord(self.outer.body()), metrics
+        return ArrayRecord(self.outer.tensors()), metrics
 
-    def _accumulate(
-        self, server_round: int, reply: Message, total: dict[str, np.ndarray]
-    ) -> tuple[float, float] | None:
-        """Add one reply's weighted Δ to ``total``; its (weight, train loss), None if dropped."""
+    def _accumulate(self, server_round: int, reply: Message, mean: RoundMean) -> float | None:
+        """Add one reply's weighted Δ to ``mean``; its weight × train loss, None if dropped."""
         target = self._target(reply)
         if reply.has_error():
             self._record_error(server_round, reply, target)
@@ -193,15 +265,17 @@ class DeptStrategy(Strategy):
         self.history.record_bytes_up(server_round, bytes_up)
         try:
             self._check_source(reply, target)
-            delta, weight = check_train_reply(reply.content, self.shapes, self.max_tokens_per_round)
+            shapes, rows = self._expected(target.source)
+            delta, weight = check_train_reply(
+                reply.content, shapes, self.max_tokens_per_round, rows
+            )
         except RejectedReply as exc:
             self._record_rejected(server_round, target, exc)
             return None
-        for name, value in delta.items():
-            total[name] += weight * value.astype(np.float64)
+        mean.add(delta, weight, rows)
         metrics = finite_metrics(reply.content.metric_records[keys.METRICS])
         self.history.record_train(server_round, target.source, metrics, bytes_up)
-        return weight, metrics.get(keys.TRAIN_LOSS, math.nan)
+        return weight * metrics.get(keys.TRAIN_LOSS, math.nan)
 
     def _target(self, reply: Message) -> Target:
         """Whom a reply is from: by the message it answers, else by what it says."""
@@ -265,8 +339,9 @@ class DeptStrategy(Strategy):
         targets = self._sample(grid, server_round, fraction, 1, self.eval_rng)
         config[keys.SERVER_ROUND] = server_round
         config[keys.RUN_ID] = self.run_id
-        self.history.comm.bytes_down_eval += arrays.count_bytes() * len(targets)
-        return self._messages(arrays, config, targets, MessageType.EVALUATE)
+        messages, sent = self._messages(arrays, config, targets, MessageType.EVALUATE)
+        self.history.comm.bytes_down_eval += sent
+        return messages
 
     def aggregate_evaluate(
         self, server_round: int, replies: Iterable[Message]

@@ -36,12 +36,17 @@ def reply_source(content: RecordDict) -> str:
 
 
 def check_train_reply(
-    content: RecordDict, body_shapes: dict[str, tuple[int, ...]], max_weight: float
+    content: RecordDict,
+    shapes: dict[str, tuple[int, ...]],
+    max_weight: float,
+    row_ids: np.ndarray | None = None,
 ) -> tuple[dict[str, np.ndarray], float]:
-    """The reply's pseudo-gradient (keyed like θ) and its weight, or :class:`RejectedReply`.
+    """The reply's pseudo-gradient (keyed like what was sent) and its weight, or
+    :class:`RejectedReply`.
 
     The weight is tokens trained, so it cannot exceed what the round's local steps can
     consume (``max_weight``): a larger claim would let one client outweigh all others.
+    ``row_ids`` (TRIM) are the φ rows the source was sent; the reply must name the same.
     """
     arrays = content.array_records.get(keys.ARRAYS)
     metrics = content.metric_records.get(keys.METRICS)
@@ -50,7 +55,33 @@ def check_train_reply(
     weight = finite_metric(metrics, keys.NUM_EXAMPLES)
     if not 0 < weight <= max_weight:
         raise RejectedReply(f"'{keys.NUM_EXAMPLES}' is {weight}; expected (0, {max_weight:.0f}]")
-    return _check_arrays(arrays, body_shapes), weight
+    if row_ids is not None:
+        if keys.EMBEDDING_IDS not in arrays:
+            raise RejectedReply(f"no '{keys.EMBEDDING_IDS}' beside the embedding rows")
+        if not np.array_equal(_read(arrays, keys.EMBEDDING_IDS), row_ids):
+            raise RejectedReply(f"'{keys.EMBEDDING_IDS}' differ from the rows it was sent")
+        arrays = ArrayRecord({k: v for k, v in arrays.items() if k != keys.EMBEDDING_IDS})
+    return _check_arrays(arrays, shapes), weight
+
+
+def check_vocabulary(content: RecordDict, num_rows: int) -> np.ndarray:
+    """TRIM: a source's V_k from its query reply: sorted, unique ids below ``num_rows``."""
+    arrays = content.array_records.get(keys.ARRAYS)
+    if arrays is None or keys.EMBEDDING_IDS not in arrays:
+        raise RejectedReply(f"the vocabulary reply has no '{keys.EMBEDDING_IDS}' array")
+    ids = _read(arrays, keys.EMBEDDING_IDS)
+    if ids.ndim != 1 or ids.size == 0 or not np.issubdtype(ids.dtype, np.integer):
+        raise RejectedReply(f"'{keys.EMBEDDING_IDS}' must be a non-empty 1-D integer array")
+    if ids[0] < 0 or ids[-1] >= num_rows or not (np.diff(ids) > 0).all():
+        raise RejectedReply(f"'{keys.EMBEDDING_IDS}' must be sorted unique ids in [0, {num_rows})")
+    return ids.astype(np.int64)
+
+
+def _read(arrays: ArrayRecord, name: str) -> np.ndarray:
+    try:
+        return arrays[name].numpy()
+    except Exception as exc:  # any undecodable payload (wrong type, truncated, object dtype)
+        raise RejectedReply(f"'{name}' cannot be read as an array: {exc!r}") from exc
 
 
 def finite_metric(metrics: MetricRecord, key: str) -> float:
@@ -61,23 +92,18 @@ def finite_metric(metrics: MetricRecord, key: str) -> float:
     return float(value)
 
 
-def _check_arrays(
-    arrays: ArrayRecord, body_shapes: dict[str, tuple[int, ...]]
-) -> dict[str, np.ndarray]:
-    missing = sorted(body_shapes.keys() - arrays.keys())
-    extra = sorted(arrays.keys() - body_shapes.keys())
+def _check_arrays(arrays: ArrayRecord, shapes: dict[str, tuple[int, ...]]) -> dict[str, np.ndarray]:
+    missing = sorted(shapes.keys() - arrays.keys())
+    extra = sorted(arrays.keys() - shapes.keys())
     if missing or extra:
         raise RejectedReply(
-            f"keys differ from the body: missing {missing[:3]}, unexpected {extra[:3]}"
+            f"keys differ from what was sent: missing {missing[:3]}, unexpected {extra[:3]}"
         )
     delta = {}
-    for name, shape in body_shapes.items():
-        try:
-            value = arrays[name].numpy()
-        except Exception as exc:  # any undecodable payload (wrong type, truncated, object dtype)
-            raise RejectedReply(f"'{name}' cannot be read as an array: {exc!r}") from exc
+    for name, shape in shapes.items():
+        value = _read(arrays, name)
         if tuple(value.shape) != shape:
-            raise RejectedReply(f"'{name}' has shape {tuple(value.shape)}, the body has {shape}")
+            raise RejectedReply(f"'{name}' has shape {tuple(value.shape)}, expected {shape}")
         if value.dtype != np.float32:
             raise RejectedReply(f"'{name}' has dtype {value.dtype}, expected float32")
         if not np.isfinite(value).all():

@@ -14,29 +14,24 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import torch
 from flwr.app import ArrayRecord, ConfigRecord
 from flwr.serverapp import Grid
 
-from dept.config import ConfigError, DeptConfig, load_config, resolve_path
-from dept.model import body_state, build_model
+from dept.config import DeptConfig, load_config, resolve_path
+from dept.model import body_state, build_model, embedding_parameters
 from dept.sources import run_sources
 from dept_strategy.outer import OuterOptimizer
 from dept_strategy.strategy import DeptStrategy
 from server_app.report import RunReport
 
 log = logging.getLogger(__name__)
-SUPPORTED_VARIANTS = ("spec", "spec-opt")
 INITIAL_BODY_VOCAB = 512  # the body does not depend on it; any size builds the same θ
 
 
 def run_federation(grid: Grid, run_config: Mapping[str, Any]) -> Path:
     """Run every round; returns the output folder. Bad config fails before any training."""
     cfg = load_config(run_config)
-    if cfg.variant not in SUPPORTED_VARIANTS:
-        raise ConfigError(
-            f"config key 'variant' is {cfg.variant!r}: GLOB and TRIM are not "
-            f"implemented yet; use one of {', '.join(SUPPORTED_VARIANTS)}"
-        )
     declared = {s.name for s in run_sources(cfg)}  # parses and validates the sources file
     out_dir = resolve_path(cfg.output_dir)
     log.info(
@@ -65,19 +60,35 @@ def run_federation(grid: Grid, run_config: Mapping[str, Any]) -> Path:
             raise RuntimeError(f"no source could train in round 1: {'; '.join(sorted(reasons))}")
         _evaluate(grid, strategy, cfg, server_round)
         report.round_done(strategy.history, server_round, time.monotonic() - started)
-    report.finish(strategy.history, strategy.outer.body(), time.monotonic() - started)
+    shared = strategy.outer.tensors()
+    embeddings = {n: shared.pop(n) for n in strategy.embedding_names}
+    report.finish(strategy.history, shared, time.monotonic() - started, embeddings)
     return out_dir
 
 
-def _build_strategy(cfg: DeptConfig) -> DeptStrategy:
-    initial = build_model(
-        cfg.model, INITIAL_BODY_VOCAB, cfg.seq_len, tie_embeddings=cfg.tie_embeddings, seed=cfg.seed
+def initial_tensors(cfg: DeptConfig) -> tuple[dict[str, torch.Tensor], tuple[str, ...]]:
+    """What the server holds and shares: θ, plus the global φ for GLOB and TRIM (its names)."""
+    shares_embeddings = cfg.variant in ("glob", "trim")
+    vocab = cfg.global_vocab_size if shares_embeddings else INITIAL_BODY_VOCAB
+    model = build_model(
+        cfg.model, vocab, cfg.seq_len, tie_embeddings=cfg.tie_embeddings, seed=cfg.seed
     )
+    tensors = body_state(model)
+    if not shares_embeddings:
+        return tensors, ()
+    embeddings = {n: p.detach().clone() for n, p in embedding_parameters(model).items()}
+    return {**tensors, **embeddings}, tuple(embeddings)
+
+
+def _build_strategy(cfg: DeptConfig) -> DeptStrategy:
+    tensors, embedding_names = initial_tensors(cfg)
     outer = OuterOptimizer(
-        body_state(initial), kind=cfg.outer_optimizer, lr=cfg.outer_lr, momentum=cfg.outer_momentum
+        tensors, kind=cfg.outer_optimizer, lr=cfg.outer_lr, momentum=cfg.outer_momentum
     )
     return DeptStrategy(
         outer=outer,
+        embedding_names=embedding_names,
+        trim=cfg.variant == "trim",
         local_steps=cfg.local_steps,
         run_id=uuid.uuid4().hex[:12],
         fraction_train=cfg.fraction_train,
@@ -93,7 +104,7 @@ def _build_strategy(cfg: DeptConfig) -> DeptStrategy:
 
 
 def _body_record(strategy: DeptStrategy) -> ArrayRecord:
-    return ArrayRecord(strategy.outer.body())
+    return ArrayRecord(strategy.outer.tensors())
 
 
 def _train(grid: Grid, strategy: DeptStrategy, cfg: DeptConfig, server_round: int) -> None:

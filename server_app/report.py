@@ -2,7 +2,8 @@
 
 Files in ``output-dir``: ``config.json`` (the validated config), ``metrics.jsonl`` (one
 object per round, written as the round ends), ``metrics.csv`` (one row per round and
-source), ``summary.json``, ``body.safetensors`` and ``val_bpb.png``.
+source), ``summary.json``, ``body.safetensors`` (θ), ``embeddings.safetensors`` (the
+global φ, GLOB and TRIM only) and ``val_bpb.png``.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ RUN_FILES = (
     "metrics.csv",
     "summary.json",
     "body.safetensors",
+    "embeddings.safetensors",
     "val_bpb.png",
 )
 
@@ -67,13 +69,22 @@ class RunReport:
         )
 
     def finish(
-        self, history: RunHistory, body: dict[str, torch.Tensor], wall_s: float
+        self,
+        history: RunHistory,
+        body: dict[str, torch.Tensor],
+        wall_s: float,
+        embeddings: dict[str, torch.Tensor] | None = None,
     ) -> dict[str, Any]:
         summary = build_summary(history, self.cfg, wall_s)
         (self.out_dir / "summary.json").write_text(dumps(summary, indent=2))
         save_file(
             {k: v.contiguous() for k, v in body.items()}, str(self.out_dir / "body.safetensors")
         )
+        if embeddings:
+            save_file(
+                {k: v.contiguous() for k, v in embeddings.items()},
+                str(self.out_dir / "embeddings.safetensors"),
+            )
         self._write_csv(history)
         self._plot(history)
         log.info("\n%s", render_table(summary))

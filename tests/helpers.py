@@ -30,7 +30,7 @@ def debug_run_config(tmp_path: Path, **overrides: Any) -> dict[str, Any]:
             "num-server-rounds": 2,
             "local-steps": 8,
             "warmup-steps": 2,
-            "eval-tokens": 4096,
+            "eval-bytes": 8192,
             "output-dir": str(tmp_path / "out"),
             "state-dir": str(tmp_path / "state"),
             "wait-for-nodes-s": 5.0,

@@ -120,11 +120,44 @@ def test_bad_clients_are_dropped_and_the_run_goes_on(tmp_path: Path) -> None:
     assert summary["sources"]["synth-latin"]["tokens_trained"] > 0
 
 
-def test_unimplemented_variant_fails_before_training(tmp_path: Path) -> None:
-    run_config = debug_run_config(tmp_path, variant="glob")
-    with pytest.raises(ValueError, match="variant"):
-        run_federation(LocalGrid(client_app, [], run_config), run_config)
-    assert not (tmp_path / "out").exists()
+def _synthetic_sources(tmp_path: Path) -> Path:
+    path = tmp_path / "synthetic.yaml"
+    path.write_text(
+        "- {name: synth-latin, path: 'builtin:synthetic-latin', vocab-size: 512}\n"
+        "- {name: synth-greek, path: 'builtin:synthetic-greek', vocab-size: 512}\n"
+    )
+    return path
+
+
+def _shared_run(tmp_path: Path, variant: str) -> tuple[dict, RecordingGrid]:
+    run_config = debug_run_config(
+        tmp_path / variant,
+        variant=variant,
+        **{"sources-file": str(_synthetic_sources(tmp_path)), "global-vocab-size": 600},
+    )
+    nodes = [{"partition-id": i, "num-partitions": 2} for i in range(2)]
+    grid = RecordingGrid(client_app, nodes, run_config)
+    out = run_federation(grid, run_config)
+    return json.loads((out / "summary.json").read_text()), grid
+
+
+def test_glob_and_trim_share_embeddings_and_trim_sends_fewer_rows(tmp_path: Path) -> None:
+    glob, glob_grid = _shared_run(tmp_path, "glob")
+    trim, trim_grid = _shared_run(tmp_path, "trim")
+
+    for summary in (glob, trim):
+        assert summary["rejected_updates"] == summary["failed_replies"] == 0
+        for source in ("synth-latin", "synth-greek"):
+            assert (
+                summary["sources"][source]["val_bpb"]
+                < (summary["sources"][source]["initial_val_bpb"])
+            )
+    assert all("input" in sent for sent in glob_grid.sent_keys), "GLOB sends the whole φ"
+    assert all("input" in sent for sent in trim_grid.sent_keys), "TRIM sends φ rows"
+    assert trim["comm"]["bytes_down"] < glob["comm"]["bytes_down"]
+    assert trim["comm"]["bytes_up"] < glob["comm"]["bytes_up"]
+    trimmed = load_file(str(tmp_path / "trim" / "out" / "embeddings.safetensors"))["input"]
+    assert trimmed.shape[0] == 600, "the server keeps the whole global φ"
 
 
 def test_a_source_with_missing_data_fails_the_start_naming_it(tmp_path: Path) -> None:

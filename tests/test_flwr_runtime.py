@@ -33,7 +33,7 @@ def test_flwr_run_simulation_debug_preset(tmp_path: Path, flwr_home: Path) -> No
         "local-steps": 5,
         "warmup-steps": 2,
         "seq-len": 64,
-        "eval-tokens": 4096,
+        "eval-bytes": 8192,
         "output-dir": str(out),
         "state-dir": str(tmp_path / "state"),
     }

@@ -5,7 +5,7 @@ import torch
 
 from dept.config import DeptConfig
 from dept.data import StreamPosition, training_batches
-from dept.evaluate import evaluate_stream
+from dept.evaluate import byte_prefix, evaluate_stream
 from dept.model import build_model
 from dept.train import lr_at, make_inner_optimizer, train_local
 from dept.vocab import VocabMap
@@ -50,8 +50,18 @@ def test_bits_per_byte_of_a_uniform_model() -> None:
     assert result.tokens == 160 and result.bytes == 320
     assert math.isclose(result.loss, math.log(vocab), rel_tol=1e-5)
     assert math.isclose(result.bits_per_byte, math.log2(vocab) / 2, rel_tol=1e-5)
-    capped = evaluate_stream(model, tokens, token_bytes, seq_len=16, batch_size=3, max_tokens=48)
-    assert capped.tokens == 48
+    capped = evaluate_stream(model, tokens, token_bytes, seq_len=16, batch_size=3, max_bytes=95)
+    assert capped.tokens == 48 and capped.bytes == 96  # the window reaching 95 bytes, short last
+    assert math.isclose(capped.bits_per_byte, result.bits_per_byte, rel_tol=1e-5)
+
+
+def test_byte_budget_covers_the_same_text_whatever_the_tokenizer() -> None:
+    fine = np.ones(200, dtype=np.int32)  # a 1-byte-per-token tokenizer
+    coarse = np.full(60, 2, dtype=np.int32)  # a 4-bytes-per-token tokenizer of the same text
+    token_bytes = np.array([0, 1, 4])
+    assert token_bytes[byte_prefix(fine, token_bytes, 100)[1:]].sum() == 100
+    assert token_bytes[byte_prefix(coarse, token_bytes, 100)[1:]].sum() == 100
+    assert len(byte_prefix(fine, token_bytes, 0)) == 200
 
 
 def test_tokens_outside_vk_share_the_other_row() -> None:

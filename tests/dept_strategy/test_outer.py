@@ -1,7 +1,9 @@
+import math
+
 import pytest
 import torch
 
-from dept_strategy.outer import OuterOptimizer
+from dept_strategy.outer import FEDADAM_BETA2, FEDADAM_EPS, OuterOptimizer
 
 
 def test_fedavg_step_is_the_weighted_mean_of_client_bodies() -> None:
@@ -12,7 +14,7 @@ def test_fedavg_step_is_the_weighted_mean_of_client_bodies() -> None:
     outer = OuterOptimizer(theta, kind="fedavg")
     outer.step({"w": delta})
     expected = (3 * clients[0] + 1 * clients[1]) / 4
-    assert torch.allclose(outer.body()["w"], expected)
+    assert torch.allclose(outer.tensors()["w"], expected)
 
 
 def test_nesterov_matches_a_hand_computation() -> None:
@@ -23,7 +25,7 @@ def test_nesterov_matches_a_hand_computation() -> None:
         outer.step({"w": torch.tensor([g])})
         buf = mu * buf + g if buf else g  # torch starts the buffer with the first gradient
         theta -= lr * (g + mu * buf)
-        assert outer.body()["w"].item() == pytest.approx(theta, rel=1e-6)
+        assert outer.tensors()["w"].item() == pytest.approx(theta, rel=1e-6)
 
 
 def test_rejects_unknown_kind_and_bad_lr() -> None:
@@ -31,3 +33,28 @@ def test_rejects_unknown_kind_and_bad_lr() -> None:
         OuterOptimizer({"w": torch.zeros(1)}, kind="adam")
     with pytest.raises(ValueError, match="learning rate"):
         OuterOptimizer({"w": torch.zeros(1)}, kind="fedavg", lr=0)
+
+
+def test_fedadam_matches_a_hand_computation() -> None:
+    lr, b1, b2, eps = 0.1, 0.9, FEDADAM_BETA2, FEDADAM_EPS
+    outer = OuterOptimizer({"w": torch.tensor([1.0])}, kind="fedadam", lr=lr, momentum=b1)
+    theta, m, v = 1.0, 0.0, 0.0
+    for t, g in enumerate((0.5, -0.2, 0.1), start=1):
+        outer.step({"w": torch.tensor([g])})
+        m, v = b1 * m + (1 - b1) * g, b2 * v + (1 - b2) * g * g
+        theta -= lr * (m / (1 - b1**t)) / (math.sqrt(v / (1 - b2**t)) + eps)
+        assert outer.tensors()["w"].item() == pytest.approx(theta, rel=1e-5)
+
+
+@pytest.mark.parametrize("kind", ["nesterov", "fedadam"])
+def test_frozen_rows_do_not_move_even_with_momentum(kind: str) -> None:
+    outer = OuterOptimizer({"phi": torch.ones(3, 2)}, kind=kind, lr=0.5)
+    frozen = torch.tensor([False, True, False])
+    outer.step({"phi": torch.ones(3, 2)})  # builds momentum on every row
+    outer.step({"phi": torch.zeros(3, 2)}, {"phi": frozen})
+    phi = outer.tensors()["phi"]
+    assert torch.equal(phi[1], phi.new_full((2,), phi[1, 0].item()))
+    before = phi.clone()
+    outer.step({"phi": torch.zeros(3, 2)}, {"phi": frozen})
+    assert torch.equal(outer.tensors()["phi"][1], before[1])
+    assert not torch.equal(outer.tensors()["phi"][0], before[0]), "momentum still moves row 0"

@@ -19,10 +19,9 @@ BODY = {"a": torch.ones(2, 3), "b": torch.zeros(4)}
 
 def _strategy(**kwargs) -> DeptStrategy:
     return DeptStrategy(
-        outer=OuterOptimizer(BODY, kind="fedavg"),
         local_steps=5,
         run_id="r",
-        **{"wait_for_nodes_s": 1.0, **kwargs},
+        **{"outer": OuterOptimizer(BODY, kind="fedavg"), "wait_for_nodes_s": 1.0, **kwargs},
     )
 
 
@@ -95,14 +94,14 @@ def test_no_usable_reply_leaves_the_body_unchanged() -> None:
     strategy = _strategy()
     bad = _reply(grid, 1, {"a": np.zeros((2, 3), np.float32)}, 1, "x")
     assert strategy.aggregate_train(1, [bad]) == (None, None)
-    assert torch.equal(strategy.outer.body()["a"], BODY["a"])
+    assert torch.equal(strategy.outer.tensors()["a"], BODY["a"])
 
 
 def test_configure_train_samples_sources_and_sends_only_the_body() -> None:
     # Prepare: node 1 serves two sources, node 2 one, node 3 none, node 4 is broken
     grid = LocalGrid(directory_app({1: ["a", "c"], 2: ["b"], 3: []}), [{}] * 4, {})
     strategy = _strategy(fraction_train=0.67, min_train_nodes=1)
-    body = ArrayRecord(strategy.outer.body())
+    body = ArrayRecord(strategy.outer.tensors())
     # Execute
     messages = list(strategy.configure_train(3, body, ConfigRecord(), grid))
     # Assert
@@ -163,7 +162,7 @@ def test_replies_are_credited_by_message_and_silence_is_reported() -> None:
     # Prepare: node 1 serves a and c, node 2 serves b, node 3 serves d
     grid = LocalGrid(directory_app({1: ["a", "c"], 2: ["b"], 3: ["d"]}), [{}] * 3, {})
     strategy = _strategy(num_rounds=4)
-    body = ArrayRecord(strategy.outer.body())
+    body = ArrayRecord(strategy.outer.tensors())
     sent = list(strategy.configure_evaluate(4, body, ConfigRecord(), grid))
     for i, msg in enumerate(sent):  # what the grid does when it pushes them
         msg.metadata.__dict__["_message_id"] = f"m{i}"
@@ -194,7 +193,9 @@ def test_replies_are_credited_by_message_and_silence_is_reported() -> None:
 def test_a_reply_for_another_source_is_rejected() -> None:
     grid = LocalGrid(directory_app({1: ["a"]}), [{}], {})
     strategy = _strategy(num_rounds=1)
-    [msg] = strategy.configure_evaluate(1, ArrayRecord(strategy.outer.body()), ConfigRecord(), grid)
+    [msg] = strategy.configure_evaluate(
+        1, ArrayRecord(strategy.outer.tensors()), ConfigRecord(), grid
+    )
     msg.metadata.__dict__["_message_id"] = "m0"
     content = RecordDict(
         {
@@ -209,7 +210,7 @@ def test_a_reply_for_another_source_is_rejected() -> None:
 def test_first_and_last_rounds_evaluate_every_source() -> None:
     grid = LocalGrid(directory_app({1: ["a", "b"], 2: ["c", "d"]}), [{}] * 2, {})
     strategy = _strategy(fraction_evaluate=0.25, num_rounds=3)
-    body = ArrayRecord(strategy.outer.body())
+    body = ArrayRecord(strategy.outer.tensors())
     counts = [
         len(list(strategy.configure_evaluate(r, body, ConfigRecord(), grid))) for r in range(4)
     ]
@@ -225,3 +226,97 @@ def test_non_finite_side_metrics_do_not_crash_the_bookkeeping() -> None:
     reply.content.metric_records[keys.METRICS][keys.LOCAL_STEPS] = float("inf")
     arrays, _ = strategy.aggregate_train(1, [reply])
     assert arrays is not None and strategy.history.embedding_params["ok"] == 0
+
+
+PHI = torch.arange(10, dtype=torch.float32).reshape(5, 2)
+
+
+def _shared_strategy(trim: bool) -> DeptStrategy:
+    return _strategy(
+        outer=OuterOptimizer({**BODY, "input": PHI}, kind="fedavg"),
+        embedding_names=("input",),
+        trim=trim,
+    )
+
+
+def _trim_reply(grid: LocalGrid, node: int, rows: list[int], value: float, w: float) -> Message:
+    body = {"a": np.full((2, 3), value, np.float32), "b": np.full(4, value, np.float32)}
+    phi = np.full((len(rows), 2), value, np.float32)
+    reply = _reply(grid, node, {**body, "input": phi}, w, f"s{node}")
+    reply.content.array_records[keys.ARRAYS][keys.EMBEDDING_IDS] = Array(np.asarray(rows, np.int32))
+    return reply
+
+
+def test_trim_averages_each_row_over_the_clients_that_hold_it() -> None:
+    # Prepare: s1 holds rows 0, 1; s2 holds rows 1, 2; nobody holds rows 3, 4
+    grid = LocalGrid(None, [{}] * 3, {})
+    strategy = _shared_strategy(trim=True)
+    assert strategy.vocabularies is not None
+    strategy.vocabularies.ids = {
+        "s1": np.array([0, 1]),
+        "s2": np.array([1, 2]),
+        "s3": np.array([3]),
+    }
+    replies = [
+        _trim_reply(grid, 1, [0, 1], 1.0, 1),
+        _trim_reply(grid, 2, [1, 2], 3.0, 3),
+        _trim_reply(grid, 3, [4], 9.0, 1),  # claims a row it was not sent
+    ]
+    # Execute
+    arrays, _ = strategy.aggregate_train(1, replies)
+    # Assert
+    phi = arrays["input"].numpy()
+    assert np.allclose(phi[0], PHI[0] - 1.0), "one holder: its own update"
+    assert np.allclose(phi[1], PHI[1] - (1 * 1.0 + 3 * 3.0) / 4), "two holders: weighted mean"
+    assert np.allclose(phi[2], PHI[2] - 3.0)
+    assert np.array_equal(phi[3:], PHI[3:].numpy()), "no holder: unchanged"
+    assert np.allclose(arrays["a"].numpy(), 1.0 - (1 * 1.0 + 3 * 3.0) / 4)
+    [rejected] = strategy.history.rounds[1].rejected
+    assert rejected["source"] == "s3" and keys.EMBEDDING_IDS in rejected["reason"]
+
+
+def test_glob_is_fedavg_on_the_whole_model() -> None:
+    grid = LocalGrid(None, [{}] * 2, {})
+    strategy = _shared_strategy(trim=False)
+    full = {**BODY, "input": PHI}
+    clients = [
+        {k: (v + 1.0).numpy() for k, v in full.items()},
+        {k: (v * 2.0).numpy() for k, v in full.items()},
+    ]
+    weights = [1.0, 3.0]
+    replies = [
+        _reply(grid, i + 1, {k: full[k].numpy() - c[k] for k in full}, w, f"s{i + 1}")
+        for i, (c, w) in enumerate(zip(clients, weights, strict=True))
+    ]
+    arrays, _ = strategy.aggregate_train(1, replies)
+    for name in full:
+        fedavg = (weights[0] * clients[0][name] + weights[1] * clients[1][name]) / sum(weights)
+        assert np.allclose(arrays[name].numpy(), fedavg, atol=1e-6), name
+
+
+def test_trim_asks_each_vocabulary_once_and_sends_only_those_rows() -> None:
+    asked: list[str] = []
+    vocab = {"x": [0, 2], "y": [1, 2, 4]}
+
+    def app(msg: Message, context) -> Message:
+        config = msg.content.config_records[keys.CONFIG]
+        if config.get(keys.REQUEST) != keys.VOCABULARY:
+            return directory_app({1: ["x"], 2: ["y"]})(msg, context)
+        asked.append(str(config[keys.SOURCE]))
+        arrays = ArrayRecord({keys.EMBEDDING_IDS: Array(np.asarray(vocab[config[keys.SOURCE]]))})
+        info = ConfigRecord({keys.SOURCE: config[keys.SOURCE]})
+        return Message(RecordDict({keys.ARRAYS: arrays, keys.INFO: info}), reply_to=msg)
+
+    grid = LocalGrid(app, [{}] * 2, {})
+    strategy = _shared_strategy(trim=True)
+    shared = ArrayRecord(strategy.outer.tensors())
+    sent = 0
+    for server_round in (1, 2):
+        messages = strategy.configure_train(server_round, shared, ConfigRecord(), grid)
+        for msg in messages:
+            sent += msg.content.array_records[keys.ARRAYS].count_bytes()
+            source = msg.content.config_records[keys.CONFIG][keys.SOURCE]
+            phi = msg.content.array_records[keys.ARRAYS]["input"].numpy()
+            assert np.array_equal(phi, PHI.numpy()[vocab[source]])
+    assert sorted(asked) == ["x", "y"], "V_k is asked once per source"
+    assert strategy.history.comm.bytes_down == sent < 2 * 2 * shared.count_bytes()
