@@ -9,6 +9,8 @@ names the source and the problem, so it reaches the server log and the round goe
 
 from __future__ import annotations
 
+import functools
+import json
 import logging
 import re
 from collections.abc import Callable
@@ -46,8 +48,21 @@ def _client(msg: Message, context: Context) -> SourceClient:
     run_id = str(config[keys.RUN_ID])
     if not RUN_ID_PATTERN.fullmatch(run_id):  # it becomes a folder name on this node
         raise ValueError(f"refusing run id {run_id!r}: expected 1-64 letters, digits, '-' or '_'")
-    cfg = load_config(context.run_config)
-    setup = node_setup(cfg, dict(context.node_config), str(config[keys.SOURCE]))
+    return _set_up(
+        run_id,
+        str(config[keys.SOURCE]),
+        json.dumps(dict(context.run_config), sort_keys=True),
+        json.dumps(dict(context.node_config), sort_keys=True),
+    )
+
+
+@functools.lru_cache(maxsize=32)
+def _set_up(run_id: str, source: str, run_config: str, node_config: str) -> SourceClient:
+    """Built once per process for a run and source: text, tokenizer, tokens and V_k do not
+    change within a run, while everything that does (φ_k, optimizer, position) is read from
+    the node's state directory on every call, so a cached client is never stale."""
+    cfg = load_config(json.loads(run_config))
+    setup = node_setup(cfg, json.loads(node_config), source)
     workspace = Workspace(setup.state_root, run_id, setup.spec.name)
     return SourceClient(cfg, setup.spec, workspace, setup.all_sources, setup.global_tokenizer)
 
@@ -59,9 +74,10 @@ def _reply_or_error(msg: Message, context: Context, handler: Callable[[], Record
         content = handler()
     except Exception as exc:  # reported to the server as an error reply, never dropped
         config = msg.content.config_records.get(keys.CONFIG)
-        who = config.get(keys.SOURCE) if config is not None else None
-        who = who or context.node_config.get("source")
-        who = f"source {who}" if who else f"partition {context.node_config.get('partition-id')}"
+        source = config.get(keys.SOURCE) if config is not None else None
+        source = source or context.node_config.get("source")
+        partition = context.node_config.get("partition-id")
+        who = f"source {source!s}" if source else f"partition {partition!s}"
         log.exception("%s failed", who)
         reason = f"{who}: {type(exc).__name__}: {exc}"
         return Message(
@@ -102,7 +118,9 @@ def train(msg: Message, context: Context) -> Message:
         config = msg.content.config_records[keys.CONFIG]
         received = msg.content.array_records[keys.ARRAYS].count_bytes()
         result = client.train_round(
-            _shared(msg), int(config[keys.GLOBAL_STEP]), int(config[keys.SERVER_ROUND])
+            _shared(msg),
+            int(config[keys.GLOBAL_STEP]),  # type: ignore[arg-type]
+            int(config[keys.SERVER_ROUND]),  # type: ignore[arg-type]
         )
         arrays = ArrayRecord(result.delta)
         if client.shared_ids is not None:

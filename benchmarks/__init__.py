@@ -1,0 +1,1 @@
+"""Benchmark scripts; importable so the tests can drive them."""

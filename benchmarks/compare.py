@@ -1,0 +1,298 @@
+"""Every DEPT variant against the paper's baselines, on the same data, in one table.
+
+    python benchmarks/compare.py --sources-file benchmarks/corpora.yaml --model tiny
+
+runs STD (τ = 0, 0.3, 1), ACT, GLOB, TRIM, SPEC and SPEC-OPT with the same model, seed,
+token budget, learning-rate schedule shape and evaluation (bits per byte on the same bytes of
+each source's validation text), each at every learning rate of one sweep, and writes to
+``--out``: ``comparison.md`` (the table), ``comparison.json`` (the same numbers, plus every
+sweep run) and ``comparison.png`` (average bits per byte per round, best rate per method).
+
+Federated methods run the real ServerApp and ClientApp code in process (``LocalGrid``: one
+node per source, every source trained every round); baselines run ``dept.baselines``. Runs
+go to ``--jobs`` worker processes with the CPU threads split between them; a run that
+crashes is reported in the table with its error, never dropped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import time
+import traceback
+from concurrent.futures import Future, ProcessPoolExecutor, as_completed
+from dataclasses import dataclass
+from multiprocessing import get_context
+from pathlib import Path
+from typing import Any
+
+if __package__ in (None, ""):  # run as a script: make the checkout's packages importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.comparison_report import average_bpb, best_per_method, write_report
+from dept.config import DeptConfig, load_config, resolve_path, to_run_config
+from dept.sources import run_sources
+from server_app.report import dumps
+
+log = logging.getLogger("compare")
+FEDERATED = ("glob", "trim", "spec", "spec-opt")
+BASELINES = {"std-0": 0.0, "std-0.3": 0.3, "std-1": 1.0, "act": 0.3}
+METHODS = (*BASELINES, *FEDERATED)
+DEFAULT_LRS = (4e-3, 8e-3, 1.6e-2)  # a factor-2 grid around what suits small models
+
+
+@dataclass(frozen=True)
+class Plan:
+    """One run: a method at one learning rate."""
+
+    method: str
+    lr: float
+    run_config: dict[str, Any]
+    out_dir: str
+    threads: int
+
+    @property
+    def label(self) -> str:
+        return f"{self.method} lr {self.lr:g}"
+
+
+def run_plan(plan: Plan) -> dict[str, Any]:
+    """Run one plan (in a worker process); its normalised result, or its error."""
+    import torch
+
+    torch.set_num_threads(plan.threads)
+    out = Path(plan.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    logging.basicConfig(
+        filename=out / "run.log",
+        level=logging.INFO,
+        format="%(asctime)s %(name)s %(message)s",
+        force=True,
+    )
+    started = time.perf_counter()
+    try:
+        result = _run_federated(plan) if plan.method in FEDERATED else _run_baseline(plan)
+    except Exception as exc:  # reported in the table, with the traceback in run.log
+        logging.getLogger("compare").exception("%s crashed", plan.label)
+        result = {"error": f"{type(exc).__name__}: {exc}".splitlines()[0][:300]}
+        traceback.print_exc(file=(out / "error.txt").open("w"))
+    result.update(method=plan.method, lr=plan.lr, wall_s=time.perf_counter() - started)
+    (out / "result.json").write_text(dumps(result, indent=2))
+    return result
+
+
+def _run_federated(plan: Plan) -> dict[str, Any]:
+    from client_app.app import app as client_app
+    from server_app.federation import run_federation
+    from server_app.local_grid import LocalGrid
+
+    cfg = load_config(plan.run_config)
+    count = len(run_sources(cfg))
+    nodes = [{"partition-id": i, "num-partitions": count} for i in range(count)]
+    out = run_federation(LocalGrid(client_app, nodes, plan.run_config), plan.run_config)
+    summary = json.loads((out / "summary.json").read_text())
+    rounds = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    comm = summary["comm"]
+    return {
+        "sources": {
+            name: {"val_bpb": s["val_bpb"], "val_ppl": s["val_ppl"]}
+            for name, s in summary["sources"].items()
+        },
+        "curve": [(r["round"], r["avg_val_bpb"]) for r in rounds],
+        "bytes": comm["bytes_up"] + comm["bytes_down"],
+        "bytes_ddp": comm["bytes_ddp_equivalent"],
+        "embedding_params": {n: s["embedding_params"] for n, s in summary["sources"].items()},
+        "tokens": sum(s["tokens_trained"] for s in summary["sources"].values()),
+        "failed": summary["failed_replies"] + summary["rejected_updates"],
+    }
+
+
+def _run_baseline(plan: Plan) -> dict[str, Any]:
+    from dept.baselines import run_standard
+
+    cfg = load_config(plan.run_config)
+    specs = run_sources(cfg)
+    run = run_standard(
+        cfg,
+        specs,
+        resolve_path(cfg.state_dir),
+        temperature=BASELINES[plan.method],
+        sources_per_round=len(specs),
+        forget_every_round=plan.method == "act",
+        on_round=lambda r: logging.getLogger("compare").info(
+            "%s round %d: avg val bpb %.4f", plan.label, r.round, r.avg_val_bpb
+        ),
+    )
+    final = run.rounds[-1].eval
+    full_model = (run.body_params + run.embedding_params) * 4
+    # Data-parallel: every step, each of the round's workers sends and receives a gradient.
+    ddp = 2 * full_model * len(specs) * cfg.total_steps
+    return {
+        "sources": {
+            name: {"val_bpb": r.bits_per_byte, "val_ppl": r.perplexity} for name, r in final.items()
+        },
+        "curve": [(r.round, r.avg_val_bpb) for r in run.rounds],
+        "bytes": ddp,
+        "bytes_ddp": ddp,
+        "embedding_params": dict.fromkeys(final, run.embedding_params),
+        "tokens": run.tokens_trained,
+        "failed": 0,
+    }
+
+
+def make_plans(args: argparse.Namespace, base: DeptConfig, out: Path) -> list[Plan]:
+    threads = max(1, (os.cpu_count() or 1) // args.jobs)
+    plans = []
+    for method in args.methods:
+        for lr in args.lrs:
+            run_dir = out / "runs" / f"{method}-lr{lr:g}"
+            config = to_run_config(base)
+            config.update(
+                {
+                    "variant": method if method in FEDERATED else "glob",
+                    "lr": lr,
+                    "output-dir": str(run_dir),
+                }
+            )
+            plans.append(Plan(method, lr, config, str(run_dir), threads))
+    return plans
+
+
+def base_config(args: argparse.Namespace, out: Path) -> DeptConfig:
+    """The shared settings; rounds follow from the token budget (every source, every round)."""
+    probe = load_config({"sources-file": str(resolve_path(args.sources_file)), "model": args.model})
+    count = len(run_sources(probe))
+    per_round = count * args.local_steps * args.batch_size * args.seq_len
+    rounds = max(1, round(args.tokens / per_round))
+    return load_config(
+        {
+            "sources-file": str(resolve_path(args.sources_file)),
+            "model": args.model,
+            "num-server-rounds": rounds,
+            "local-steps": args.local_steps,
+            "batch-size": args.batch_size,
+            "seq-len": args.seq_len,
+            "warmup-steps": min(args.warmup_steps, rounds * args.local_steps - 1),
+            "global-vocab-size": args.global_vocab_size,
+            "eval-bytes": args.eval_bytes,
+            "outer-optimizer": args.outer_optimizer,
+            "fraction-train": 1.0,
+            "seed": args.seed,
+            "device": args.device,
+            "state-dir": str(out / "state"),
+            "wait-for-nodes-s": 60.0,
+        }
+    )
+
+
+def prepare(base: DeptConfig) -> None:
+    """Train every tokenizer and tokenize every source once, before the workers share them."""
+    from dept.source_client import SourceClient
+    from dept.workspace import Workspace
+
+    specs = run_sources(base)
+    root = resolve_path(base.state_dir)
+    for variant in ("spec-opt", "spec"):
+        cfg = load_config({**to_run_config(base), "variant": variant})
+        for spec in specs:
+            log.info("preparing %s for %s", spec.name, variant)
+            SourceClient(cfg, spec, Workspace(root, "prepare", spec.name), specs)
+
+
+def run_all(plans: list[Plan], jobs: int) -> list[dict[str, Any]]:
+    """Run every plan, ``jobs`` at a time, printing progress; results in plan order."""
+    results: dict[int, dict[str, Any]] = {}
+    started = time.perf_counter()
+
+    def done(i: int, result: dict[str, Any]) -> None:
+        results[i] = result
+        elapsed = time.perf_counter() - started
+        eta = elapsed / len(results) * (len(plans) - len(results))
+        outcome = result.get("error") or f"avg val bpb {average_bpb(result):.4f}"
+        print(
+            f"[{len(results)}/{len(plans)}] {plans[i].label}: {outcome} "
+            f"({result['wall_s']:.0f} s; {elapsed / 60:.1f} min elapsed, ETA {eta / 60:.1f} min)",
+            flush=True,
+        )
+
+    if jobs == 1:
+        for i, plan in enumerate(plans):
+            done(i, run_plan(plan))
+    else:
+        with ProcessPoolExecutor(jobs, mp_context=get_context("spawn")) as pool:
+            futures: dict[Future, int] = {pool.submit(run_plan, p): i for i, p in enumerate(plans)}
+            for future in as_completed(futures):
+                i = futures[future]
+                try:
+                    done(i, future.result())
+                except Exception as exc:  # the worker itself died
+                    done(i, {"error": f"{type(exc).__name__}: {exc}", "wall_s": 0.0})
+    return [{"method": p.method, "lr": p.lr, **results[i]} for i, p in enumerate(plans)]
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    out = resolve_path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    base = base_config(args, out)  # a bad key or sources file fails here, before any work
+    specs = run_sources(base)
+    tokens = base.num_server_rounds * len(specs) * base.local_steps * base.batch_size
+    print(
+        f"{len(args.methods)} methods x {len(args.lrs)} learning rates on {len(specs)} sources, "
+        f"model {base.model}: {base.num_server_rounds} rounds x {base.local_steps} local steps, "
+        f"{tokens * base.seq_len:,} training tokens per run, {args.jobs} jobs",
+        flush=True,
+    )
+    started = time.perf_counter()
+    prepare(base)
+    results = run_all(make_plans(args, base, out), args.jobs)
+    write_report(out, base, results, best_per_method(results), time.perf_counter() - started)
+    print(f"wrote {out / 'comparison.md'}, comparison.json and comparison.png", flush=True)
+    return 0
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sources-file", required=True, help="YAML list of sources")
+    parser.add_argument("--model", default="tiny", help="model preset (debug, tiny, ...)")
+    parser.add_argument(
+        "--tokens", type=float, default=6e5, help="training tokens per run (all sources)"
+    )
+    parser.add_argument("--local-steps", type=int, default=16)
+    parser.add_argument("--batch-size", type=int, default=8, help="sequences per source per step")
+    parser.add_argument("--seq-len", type=int, default=128)
+    parser.add_argument("--warmup-steps", type=int, default=10)
+    parser.add_argument("--global-vocab-size", type=int, default=4096)
+    parser.add_argument("--eval-bytes", type=int, default=24576)
+    parser.add_argument("--outer-optimizer", default="fedavg")
+    parser.add_argument(
+        "--lrs",
+        type=lambda s: [float(x) for x in s.split(",")],
+        default=list(DEFAULT_LRS),
+        help="comma-separated learning rates, the same sweep for every method",
+    )
+    parser.add_argument(
+        "--methods",
+        type=lambda s: s.split(","),
+        default=list(METHODS),
+        help=f"comma-separated subset of {','.join(METHODS)}",
+    )
+    parser.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1))
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--device", default="auto")
+    parser.add_argument("--out", default="outputs/compare")
+    args = parser.parse_args(argv)
+    unknown = sorted(set(args.methods) - set(METHODS))
+    if unknown:
+        parser.error(f"unknown method(s) {', '.join(unknown)}; known: {', '.join(METHODS)}")
+    if args.jobs < 1:
+        parser.error("--jobs must be >= 1")
+    return args
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

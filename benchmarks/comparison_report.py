@@ -1,0 +1,230 @@
+"""The comparison's outputs: ``comparison.md`` (tables), ``comparison.json``, ``comparison.png``.
+
+A result is one run, normalised by ``benchmarks/compare.py``: per-source final bits per byte
+and perplexity, the per-round average curve, bytes communicated and the data-parallel
+reference, embedding parameters per source, tokens trained, wall time; or an ``error``.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+from dept.config import DeptConfig, to_run_config
+from server_app.report import dumps
+
+TITLES = {
+    "std-0": "STD τ=0",
+    "std-0.3": "STD τ=0.3",
+    "std-1": "STD τ=1",
+    "act": "ACT",
+    "glob": "GLOB",
+    "trim": "TRIM",
+    "spec": "SPEC",
+    "spec-opt": "SPEC-OPT",
+}
+STD_METHODS = ("std-0", "std-0.3", "std-1")
+OWN_TOKENIZER = ("spec-opt",)  # perplexity per token is not comparable with the others
+
+
+def average_bpb(result: dict[str, Any]) -> float:
+    """Mean final bits per byte over sources; NaN if the run crashed or any source is missing."""
+    values = [s.get("val_bpb") for s in result.get("sources", {}).values()]
+    if not values or not all(isinstance(v, float) and math.isfinite(v) for v in values):
+        return math.nan
+    return sum(values) / len(values)
+
+
+def best_per_method(results: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Each method's run with the lowest final average bits per byte (a crash if all crashed)."""
+    best: dict[str, dict[str, Any]] = {}
+    for result in results:
+        current = best.get(result["method"])
+        score = average_bpb(result)
+        # "not <=" so a finite score beats a crashed (NaN) one
+        if current is None or (math.isfinite(score) and not average_bpb(current) <= score):
+            best[result["method"]] = result
+    return best
+
+
+def write_report(
+    out: Path,
+    cfg: DeptConfig,
+    results: list[dict[str, Any]],
+    best: dict[str, dict[str, Any]],
+    wall_s: float,
+) -> None:
+    methods = list(best)
+    (out / "comparison.json").write_text(
+        dumps(
+            {
+                "config": to_run_config(cfg),
+                "wall_s": wall_s,
+                "methods": {m: best[m] for m in methods},
+                "sweep": results,
+            },
+            indent=2,
+        )
+    )
+    (out / "comparison.md").write_text(render_markdown(cfg, results, best, wall_s))
+    plot_curves(out / "comparison.png", best, cfg)
+
+
+def render_markdown(
+    cfg: DeptConfig, results: list[dict[str, Any]], best: dict[str, dict[str, Any]], wall_s: float
+) -> str:
+    methods = list(best)
+    sources = sorted({s for r in best.values() for s in r.get("sources", {})})
+    lrs = sorted({r["lr"] for r in results})
+    tokens = max((r.get("tokens", 0) for r in best.values()), default=0)
+    lines = [
+        "# DEPT variants vs baselines",
+        "",
+        f"Model `{cfg.model}`, {len(sources)} sources, {cfg.num_server_rounds} rounds x "
+        f"{cfg.local_steps} local steps (batch {cfg.batch_size} x {cfg.seq_len} tokens per "
+        f"source), {tokens:,} training tokens per run, seed {cfg.seed}, outer optimizer "
+        f"`{cfg.outer_optimizer}`, validation: the first {cfg.eval_bytes:,} bytes of each "
+        f"source's validation text. Every method ran at learning rates "
+        f"{', '.join(f'{lr:g}' for lr in lrs)}; each column is its best rate (lowest final "
+        f"average bits per byte). Total wall time {wall_s / 60:.1f} min.",
+        "",
+        "## Validation bits per byte (lower is better; best per row in bold)",
+        "",
+        _table(
+            ["source", *(TITLES.get(m, m) for m in methods)],
+            [
+                [name, *_bold_min([_source_bpb(best[m], name) for m in methods])]
+                for name in [*sources, "**average**"]
+            ],
+        ),
+        "",
+        "## Cost",
+        "",
+        _table(["", *(TITLES.get(m, m) for m in methods)], _cost_rows(best, methods)),
+        "",
+        "## Perplexity per token (only where the tokenizer is shared)",
+        "",
+        _table(
+            ["source", *(TITLES.get(m, m) for m in methods)],
+            [
+                [
+                    name,
+                    *(
+                        "n/a (own tokenizer)" if m in OWN_TOKENIZER else _num(_ppl(best[m], name))
+                        for m in methods
+                    ),
+                ]
+                for name in sources
+            ],
+        ),
+        "",
+        "## Learning-rate sweep (final average bits per byte)",
+        "",
+        _table(
+            ["method", *(f"lr {lr:g}" for lr in lrs)],
+            [[TITLES.get(m, m), *(_sweep_cell(results, m, lr) for lr in lrs)] for m in methods],
+        ),
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def _cost_rows(best: dict[str, dict[str, Any]], methods: list[str]) -> list[list[str]]:
+    std = [average_bpb(best[m]) for m in STD_METHODS if m in best]
+    best_std = min((v for v in std if math.isfinite(v)), default=math.nan)
+
+    def each(fn: Any) -> list[str]:
+        return [fn(best[m]) if "error" not in best[m] else "crashed" for m in methods]
+
+    return [
+        ["learning rate", *each(lambda r: f"{r['lr']:g}")],
+        [
+            "avg bpb vs best STD",
+            *each(lambda r: f"{(average_bpb(r) / best_std - 1) * 100:+.1f}%"),
+        ],
+        ["bytes communicated", *each(lambda r: _bytes(r["bytes"]))],
+        ["reduction vs data-parallel", *each(lambda r: f"{r['bytes_ddp'] / r['bytes']:.1f}x")],
+        [
+            "embedding params per source",
+            *each(lambda r: f"{_mean(r['embedding_params'].values()):,.0f}"),
+        ],
+        ["tokens trained", *each(lambda r: f"{r['tokens']:,}")],
+        ["failed or rejected replies", *each(lambda r: str(r["failed"]))],
+        ["wall time (s)", *each(lambda r: f"{r['wall_s']:.0f}")],
+    ]
+
+
+def _source_bpb(result: dict[str, Any], name: str) -> float:
+    if name == "**average**":
+        return average_bpb(result)
+    return result.get("sources", {}).get(name, {}).get("val_bpb", math.nan)
+
+
+def _ppl(result: dict[str, Any], name: str) -> float:
+    return result.get("sources", {}).get(name, {}).get("val_ppl", math.nan)
+
+
+def _bold_min(values: list[float]) -> list[str]:
+    finite = [v for v in values if isinstance(v, float) and math.isfinite(v)]
+    low = min(finite, default=math.nan)
+    return [f"**{v:.4f}**" if v == low else _num(v) for v in values]
+
+
+def _num(value: float) -> str:
+    return f"{value:.4f}" if isinstance(value, float) and math.isfinite(value) else "crashed"
+
+
+def _sweep_cell(results: list[dict[str, Any]], method: str, lr: float) -> str:
+    for r in results:
+        if r["method"] == method and r["lr"] == lr:
+            return f"crashed: {r['error']}" if "error" in r else _num(average_bpb(r))
+    return ""
+
+
+def _bytes(count: float) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if count < 1000:
+            return f"{count:.1f} {unit}"
+        count /= 1000
+    return f"{count:.1f} TB"
+
+
+def _mean(values: Any) -> float:
+    values = list(values)
+    return sum(values) / len(values) if values else 0.0
+
+
+def _table(header: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def plot_curves(path: Path, best: dict[str, dict[str, Any]], cfg: DeptConfig) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
+
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    for method, result in best.items():
+        points = [(r, v) for r, v in result.get("curve", []) if v is not None]
+        if points:
+            style = "-" if method in ("glob", "trim", "spec", "spec-opt") else "--"
+            ax.plot(
+                *zip(*points, strict=True),
+                style,
+                marker="o",
+                label=f"{TITLES.get(method, method)} (lr {result['lr']:g})",
+            )
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_xlabel(f"round ({cfg.local_steps} steps each; 0 = before training)")
+    ax.set_ylabel("average validation bits per byte")
+    ax.set_title(f"DEPT variants vs baselines, model {cfg.model}")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
