@@ -34,7 +34,7 @@ if __package__ in (None, ""):  # run as a script: make the checkout's packages i
 
 from benchmarks.comparison_report import average_bpb, best_per_method, write_report
 from dept.config import DeptConfig, load_config, resolve_path, to_run_config
-from dept.sources import run_sources
+from dept.sources import check_source_paths, run_sources
 from server_app.report import dumps
 
 log = logging.getLogger("compare")
@@ -240,6 +240,7 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     base = base_config(args, out)  # a bad key or sources file fails here, before any work
     specs = run_sources(base)
+    check_source_paths(specs)
     tokens = base.num_server_rounds * len(specs) * base.local_steps * base.batch_size
     print(
         f"{len(args.methods)} methods x {len(args.lrs)} learning rates on {len(specs)} sources, "
