@@ -261,14 +261,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--sources-file", required=True, help="YAML list of sources")
     parser.add_argument("--model", default="tiny", help="model preset (debug, tiny, ...)")
     parser.add_argument(
-        "--tokens", type=float, default=6e5, help="training tokens per run (all sources)"
+        "--tokens", type=float, default=5.5e5, help="training tokens per run (all sources)"
     )
-    parser.add_argument("--local-steps", type=int, default=16)
-    parser.add_argument("--batch-size", type=int, default=8, help="sequences per source per step")
-    parser.add_argument("--seq-len", type=int, default=128)
+    parser.add_argument("--local-steps", type=int, default=40)
+    parser.add_argument("--batch-size", type=int, default=4, help="sequences per source per step")
+    parser.add_argument("--seq-len", type=int, default=64)
     parser.add_argument("--warmup-steps", type=int, default=10)
     parser.add_argument("--global-vocab-size", type=int, default=4096)
-    parser.add_argument("--eval-bytes", type=int, default=24576)
+    parser.add_argument("--eval-bytes", type=int, default=12288)
     parser.add_argument("--outer-optimizer", default="fedavg")
     parser.add_argument(
         "--lrs",
