@@ -148,7 +148,8 @@ def train(msg: Message, context: Context) -> Message:
 def evaluate(msg: Message, context: Context) -> Message:
     def run() -> RecordDict:
         client = _client(msg, context)
-        result = client.evaluate(_shared(msg))
+        config = msg.content.config_records[keys.CONFIG]
+        result = client.evaluate(_shared(msg), int(config[keys.SERVER_ROUND]))  # type: ignore[arg-type]
         metrics = MetricRecord(
             {
                 keys.NUM_EXAMPLES: result.tokens,

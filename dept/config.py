@@ -76,6 +76,7 @@ class DeptConfig:
     sources_file: str = ""
     output_dir: str = "outputs/dept"
     state_dir: str = ""
+    resume: bool = False
 
     def __post_init__(self) -> None:
         from dept.model import PRESETS  # late import: model pulls in torch

@@ -16,7 +16,7 @@ Where the embeddings come from, by variant:
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import cast
 
@@ -25,7 +25,13 @@ import torch
 from transformers import PreTrainedModel
 
 from dept.config import DeptConfig
-from dept.data import TokenizedSource, load_source_text, tokenize_source, training_batches
+from dept.data import (
+    StreamPosition,
+    TokenizedSource,
+    load_source_text,
+    tokenize_source,
+    training_batches,
+)
 from dept.evaluate import EvalResult, evaluate_stream
 from dept.model import PRESETS, body_state, build_model, embedding_parameters, load_body
 from dept.sources import SourceSpec
@@ -38,7 +44,13 @@ from dept.vocab import (
     token_byte_lengths,
     tokenizer_digest,
 )
-from dept.workspace import Workspace, global_tokenizer, init_embeddings, own_tokenizer
+from dept.workspace import (
+    SourceState,
+    Workspace,
+    global_tokenizer,
+    init_embeddings,
+    own_tokenizer,
+)
 
 log = logging.getLogger(__name__)
 
@@ -108,8 +120,9 @@ class SourceClient:
         ids = self.shared_ids
         return len(ids) if ids is not None else 0
 
-    def model(self, arrays: dict[str, torch.Tensor]) -> PreTrainedModel:
-        """θ (and shared φ rows) from the server plus this node's own φ rows."""
+    def model(self, arrays: dict[str, torch.Tensor], state: SourceState | None) -> PreTrainedModel:
+        """θ (and shared φ rows) from the server plus this node's own φ rows from ``state``
+        (freshly initialised, seeded by source name, before its first round)."""
         model = build_model(
             self.cfg.model,
             self.vocab_size,
@@ -119,7 +132,9 @@ class SourceClient:
         )
         embeddings = embedding_parameters(model)
         load_body(model, {k: v for k, v in arrays.items() if k not in embeddings})
-        own = self._own_embeddings(embeddings) if self.cfg.variant != "glob" else {}
+        own: dict[str, torch.Tensor] = {}
+        if self.cfg.variant != "glob":
+            own = state.embeddings if state is not None else self._initial_embeddings(embeddings)
         shared = self._shared_rows()
         with torch.no_grad():
             for name, param in embeddings.items():
@@ -129,13 +144,11 @@ class SourceClient:
                     param[:shared].copy_(arrays[name])
         return cast(PreTrainedModel, model.to(self.device))  # type: ignore[arg-type]
 
-    def _own_embeddings(self, embeddings: dict[str, torch.nn.Parameter]) -> dict[str, torch.Tensor]:
-        stored = self.ws.load_embeddings()
-        if stored is None:
-            shapes = {k: tuple(p.shape) for k, p in embeddings.items()}
-            stored = init_embeddings(shapes, self.cfg.seed, self.spec.name)  # type: ignore[arg-type]
-            self.ws.save_embeddings(stored)
-        return stored
+    def _initial_embeddings(
+        self, embeddings: dict[str, torch.nn.Parameter]
+    ) -> dict[str, torch.Tensor]:
+        shapes = {k: tuple(p.shape) for k, p in embeddings.items()}
+        return init_embeddings(shapes, self.cfg.seed, self.spec.name)  # type: ignore[arg-type]
 
     def embedding_params(self) -> int:
         """Embedding parameters this source trains with (its memory for φ)."""
@@ -145,12 +158,12 @@ class SourceClient:
     def train_round(
         self, arrays: dict[str, torch.Tensor], global_step: int, server_round: int
     ) -> RoundResult:
-        model = self.model(arrays)
+        state = self.ws.load_state(before_round=server_round)
+        model = self.model(arrays, state)
         optimizer = make_inner_optimizer(model, self.cfg)
-        saved = self.ws.load_optimizer() if self.cfg.keep_inner_optimizer else None
-        if saved is not None:
-            optimizer.load_state_dict(saved)
-        position = self.ws.load_position()
+        if state is not None and state.optimizer is not None and self.cfg.keep_inner_optimizer:
+            optimizer.load_state_dict(state.optimizer)
+        position = replace(state.position) if state is not None else StreamPosition()
         batches = training_batches(
             self.tokens.train, self.cfg.seq_len, self.cfg.batch_size, self.cfg.seed, position
         )
@@ -170,16 +183,21 @@ class SourceClient:
             **{k: p[: self._shared_rows()] for k, p in embeddings.items()},
         }
         delta = {name: arrays[name].float() - local[name].detach().cpu() for name in arrays}
-        if self.cfg.variant != "glob":
-            self.ws.save_embeddings(dict(embeddings))
-        self.ws.save_position(position)
-        if self.cfg.keep_inner_optimizer:
-            self.ws.save_optimizer(optimizer.state_dict())
+        self.ws.save_state(
+            server_round,
+            SourceState(
+                server_round,
+                dict(embeddings) if self.cfg.variant != "glob" else {},
+                optimizer.state_dict() if self.cfg.keep_inner_optimizer else None,
+                position,
+            ),
+        )
         return RoundResult(delta, stats)
 
-    def evaluate(self, arrays: dict[str, torch.Tensor]) -> EvalResult:
+    def evaluate(self, arrays: dict[str, torch.Tensor], server_round: int) -> EvalResult:
+        """Score the validation text with θ and the state as of the end of ``server_round``."""
         return evaluate_stream(
-            self.model(arrays),
+            self.model(arrays, self.ws.load_state(before_round=server_round + 1)),
             self.tokens.validation,
             self.token_bytes,
             seq_len=self.cfg.seq_len,

@@ -5,12 +5,17 @@ Layout under the node's state root (``state-dir``)::
     cache/tokenizers/<name>-<hash>/tokenizer.json   trained once, reused by every run
     cache/tokens/<name>/tokens-<hash>.npz           tokenized splits
     cache/synthetic/...                             generated built-in corpora
-    runs/<run-id>/<source>/embeddings.safetensors   φ_k (input, and output when untied)
-    runs/<run-id>/<source>/vocab_ids.npy            V_k (SPEC)
-    runs/<run-id>/<source>/optimizer.pt             inner AdamW state (weights_only load)
-    runs/<run-id>/<source>/position.json            where the training stream stands
+    runs/<run-id>/<source>/vocab_ids.npy            V_k (SPEC, TRIM)
+    runs/<run-id>/<source>/round-0007/              the source's state after training round 7:
+        embeddings.safetensors                      φ_k rows the node owns (not GLOB)
+        optimizer.pt                                inner AdamW state (weights_only load)
+        position.json                               where the training stream stands
 
-Every file is written to a temporary name and renamed, so a crash never leaves half a file.
+State is kept per round (the last ``KEEP_ROUNDS``): training round t starts from the newest
+state before t. A server that crashed after its clients trained round t but before its own
+checkpoint of t resumes from t-1 and re-runs round t; the clients then start again from the
+same state, so the resumed run is the uninterrupted one. Every file and folder is written
+under a temporary name and renamed, so a crash never leaves half a state.
 """
 
 from __future__ import annotations
@@ -18,9 +23,10 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import zlib
 from collections.abc import Iterator
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +43,7 @@ EMBEDDINGS_FILE = "embeddings.safetensors"
 OPTIMIZER_FILE = "optimizer.pt"
 POSITION_FILE = "position.json"
 VOCAB_IDS_FILE = "vocab_ids.npy"
+KEEP_ROUNDS = 3  # enough for a server that falls back one checkpoint on resume
 
 
 def default_state_root() -> Path:
@@ -57,33 +64,50 @@ class Workspace:
         self.dir = root / "runs" / run_id / source
         self.dir.mkdir(parents=True, exist_ok=True)
 
-    def load_embeddings(self) -> dict[str, torch.Tensor] | None:
-        path = self.dir / EMBEDDINGS_FILE
-        return load_file(str(path)) if path.is_file() else None
-
-    def save_embeddings(self, tensors: dict[str, torch.Tensor]) -> None:
-        _atomic(
-            self.dir / EMBEDDINGS_FILE,
-            lambda tmp: save_file(
-                {k: v.detach().cpu().contiguous() for k, v in tensors.items()}, str(tmp)
+    def load_state(self, before_round: int) -> SourceState | None:
+        """The newest state saved after a round before ``before_round``; None if none."""
+        rounds = [r for r in self._saved_rounds() if r < before_round]
+        if not rounds:
+            return None
+        folder = self._round_dir(rounds[-1])
+        embeddings = folder / EMBEDDINGS_FILE
+        optimizer = folder / OPTIMIZER_FILE
+        return SourceState(
+            server_round=rounds[-1],
+            embeddings=load_file(str(embeddings)) if embeddings.is_file() else {},
+            optimizer=(
+                torch.load(optimizer, map_location="cpu", weights_only=True)
+                if optimizer.is_file()
+                else None
             ),
+            position=StreamPosition(**json.loads((folder / POSITION_FILE).read_text())),
         )
 
-    def load_optimizer(self) -> dict[str, Any] | None:
-        path = self.dir / OPTIMIZER_FILE
-        return torch.load(path, map_location="cpu", weights_only=True) if path.is_file() else None
+    def save_state(self, server_round: int, state: SourceState) -> None:
+        """Write the state after ``server_round`` (atomically), keep the last few."""
+        tmp = self.dir / f".tmp-round-{server_round:04d}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        if state.embeddings:
+            save_file(
+                {k: v.detach().cpu().contiguous() for k, v in state.embeddings.items()},
+                str(tmp / EMBEDDINGS_FILE),
+            )
+        if state.optimizer is not None:
+            torch.save(state.optimizer, tmp / OPTIMIZER_FILE)
+        (tmp / POSITION_FILE).write_text(json.dumps(asdict(state.position)))
+        final = self._round_dir(server_round)
+        if final.exists():  # the round is being re-run after a server resume
+            shutil.rmtree(final)
+        tmp.replace(final)
+        for old in self._saved_rounds()[:-KEEP_ROUNDS]:
+            shutil.rmtree(self._round_dir(old), ignore_errors=True)
 
-    def save_optimizer(self, state: dict[str, Any]) -> None:
-        _atomic(self.dir / OPTIMIZER_FILE, lambda tmp: torch.save(state, tmp))
+    def _round_dir(self, server_round: int) -> Path:
+        return self.dir / f"round-{server_round:04d}"
 
-    def load_position(self) -> StreamPosition:
-        path = self.dir / POSITION_FILE
-        return (
-            StreamPosition(**json.loads(path.read_text())) if path.is_file() else StreamPosition()
-        )
-
-    def save_position(self, position: StreamPosition) -> None:
-        _atomic(self.dir / POSITION_FILE, lambda tmp: tmp.write_text(json.dumps(asdict(position))))
+    def _saved_rounds(self) -> list[int]:
+        return sorted(int(p.name.removeprefix("round-")) for p in self.dir.glob("round-*"))
 
     def load_vocab_ids(self) -> np.ndarray | None:
         path = self.dir / VOCAB_IDS_FILE
@@ -91,6 +115,16 @@ class Workspace:
 
     def save_vocab_ids(self, ids: np.ndarray) -> None:
         _atomic(self.dir / VOCAB_IDS_FILE, lambda tmp: np.save(tmp, ids, allow_pickle=False))
+
+
+@dataclass
+class SourceState:
+    """What a source carries from one of its rounds to the next."""
+
+    server_round: int
+    embeddings: dict[str, torch.Tensor]  # the rows the node owns; empty for GLOB
+    optimizer: dict[str, Any] | None  # inner AdamW state_dict, when kept
+    position: StreamPosition
 
 
 def _atomic(path: Path, write: Any) -> None:

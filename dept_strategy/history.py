@@ -53,6 +53,7 @@ class RoundRecord:
     failed: list[dict[str, str]] = field(default_factory=list)
     bytes_up: int = 0
     bytes_down: int = 0
+    wall_s: float = 0.0  # since the run started, when the round ended
 
 
 class RunHistory:
@@ -114,9 +115,29 @@ class RunHistory:
         )
         return sum(values) / len(values) if values else math.nan
 
-    def round_json(self, server_round: int, wall_s: float) -> dict[str, Any]:
+    def state_dict(self) -> dict[str, Any]:
+        """Everything, as JSON-ready data (for checkpoints)."""
+        return {
+            "body_params": self.body_params,
+            "comm": asdict(self.comm),
+            "rounds": [asdict(r) for _, r in sorted(self.rounds.items())],
+            "embedding_params": self.embedding_params,
+            "oracle_bpb": self.oracle_bpb,
+        }
+
+    @classmethod
+    def from_state_dict(cls, state: dict[str, Any]) -> RunHistory:
+        history = cls(int(state["body_params"]))
+        history.comm = CommLedger(**state["comm"])
+        history.rounds = {int(r["round"]): RoundRecord(**r) for r in state["rounds"]}
+        history.embedding_params = {k: int(v) for k, v in state["embedding_params"].items()}
+        history.oracle_bpb = {k: float(v) for k, v in state["oracle_bpb"].items()}
+        return history
+
+    def round_json(self, server_round: int) -> dict[str, Any]:
         """One line of ``metrics.jsonl``."""
         record = self.rounds[server_round]
+        wall_s = record.wall_s
         per_source: dict[str, dict[str, float]] = {}
         for source in sorted({*record.train, *record.eval}):
             train, ev = record.train.get(source, {}), record.eval.get(source, {})

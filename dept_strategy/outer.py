@@ -9,6 +9,8 @@ optimizer gives all three and a state_dict to checkpoint.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 OUTER_KINDS = ("fedavg", "nesterov", "fedadam")
@@ -61,6 +63,45 @@ class OuterOptimizer:
         self.optimizer.zero_grad(set_to_none=True)
         for name, values in kept.items():
             self.params[name].data[frozen_rows[name]] = values  # type: ignore[index]
+
+    def state_dict(self) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+        """(tensors, JSON-ready rest) of the shared tensors and the optimizer's state, so a
+        checkpoint needs no pickle: tensors go to safetensors, the rest to JSON."""
+        tensors = {f"shared/{n}": p.data for n, p in self.params.items()}
+        state = self.optimizer.state_dict()
+        scalars: dict[str, dict[str, Any]] = {}
+        for index, values in state["state"].items():
+            for key, value in values.items():
+                if isinstance(value, torch.Tensor):
+                    tensors[f"outer/{index}/{key}"] = value
+                else:
+                    scalars.setdefault(str(index), {})[key] = value
+        return tensors, {"kind": self.kind, "state": scalars, "groups": state["param_groups"]}
+
+    def load_state_dict(self, tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> None:
+        if meta["kind"] != self.kind:
+            raise ValueError(
+                f"the checkpoint's outer optimizer is {meta['kind']!r}, not {self.kind!r}"
+            )
+        for name, param in self.params.items():
+            saved = tensors[f"shared/{name}"]
+            if saved.shape != param.shape:
+                raise ValueError(
+                    f"checkpoint tensor {name}: shape {tuple(saved.shape)} != {tuple(param.shape)}"
+                )
+            param.data.copy_(saved)
+        state: dict[int, dict[str, Any]] = {}
+        for key, value in tensors.items():
+            if key.startswith("outer/"):
+                _, index, name = key.split("/", 2)
+                state.setdefault(int(index), {})[name] = value.clone()
+        for index, values in meta["state"].items():
+            state.setdefault(int(index), {}).update(values)
+        groups = [
+            {k: tuple(v) if k == "betas" else v for k, v in group.items()}
+            for group in meta["groups"]
+        ]
+        self.optimizer.load_state_dict({"state": state, "param_groups": groups})
 
     def tensors(self) -> dict[str, torch.Tensor]:
         return {name: p.data for name, p in self.params.items()}

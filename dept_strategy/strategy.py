@@ -19,8 +19,10 @@ import logging
 import math
 import random
 from collections.abc import Callable, Iterable
+from typing import Any
 
 import numpy as np
+import torch
 from flwr.app import (
     Array,
     ArrayRecord,
@@ -113,6 +115,34 @@ class DeptStrategy(Strategy):
             int(np.prod(s)) for n, s in self.shapes.items() if n not in embedding_names
         )
         self.history = RunHistory(body_params=body_params)
+
+    def state_dict(self) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+        """(tensors, JSON-ready rest): everything a resumed run needs to continue exactly."""
+        tensors, outer = self.outer.state_dict()
+        for source, ids in (self.vocabularies.ids if self.vocabularies else {}).items():
+            tensors[f"vocab/{source}"] = torch.from_numpy(ids)
+        meta = {
+            "run_id": self.run_id,
+            "outer": outer,
+            "rng": _rng_state(self.rng),
+            "eval_rng": _rng_state(self.eval_rng),
+            "history": self.history.state_dict(),
+        }
+        return tensors, meta
+
+    def load_state_dict(self, tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> None:
+        if meta["run_id"] != self.run_id:
+            raise ValueError(f"checkpoint of run {meta['run_id']!r}, not {self.run_id!r}")
+        self.outer.load_state_dict(tensors, meta["outer"])
+        if self.vocabularies is not None:
+            self.vocabularies.ids = {
+                key.removeprefix("vocab/"): value.numpy()
+                for key, value in tensors.items()
+                if key.startswith("vocab/")
+            }
+        self.rng.setstate(_rng_tuple(meta["rng"]))
+        self.eval_rng.setstate(_rng_tuple(meta["eval_rng"]))
+        self.history = RunHistory.from_state_dict(meta["history"])
 
     def summary(self) -> None:
         shared = "θ only"
@@ -365,3 +395,13 @@ class DeptStrategy(Strategy):
         self._record_missing(server_round, replies)
         mean = self.history.mean_val_bpb(server_round)
         return None if math.isnan(mean) else MetricRecord({keys.VAL_BPB: mean})
+
+
+def _rng_state(rng: random.Random) -> list[Any]:
+    version, internal, gauss = rng.getstate()
+    return [version, list(internal), gauss]
+
+
+def _rng_tuple(state: list[Any]) -> tuple[Any, ...]:
+    version, internal, gauss = state
+    return version, tuple(internal), gauss

@@ -1,8 +1,10 @@
 """The server's run: validate the config, build θ and the strategy, run the rounds, report.
 
 Round 0 evaluates the untrained body with every source's fresh embeddings (the "before"
-column); each round then trains, aggregates and evaluates, and a line goes to
-``metrics.jsonl`` before the next round starts.
+column); each round then trains, aggregates and evaluates, a line goes to ``metrics.jsonl``
+and a checkpoint to ``checkpoints/`` before the next round starts. With ``resume`` the run
+continues after the newest good checkpoint in ``output-dir``, with the same run id (so each
+node finds its state) and the same sampling: it ends as the uninterrupted run would have.
 """
 
 from __future__ import annotations
@@ -18,15 +20,25 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord
 from flwr.serverapp import Grid
 
-from dept.config import DeptConfig, load_config, resolve_path
+from dept.config import ConfigError, DeptConfig, load_config, resolve_path, to_run_config
 from dept.model import body_state, build_model, embedding_parameters
 from dept.sources import run_sources
 from dept_strategy.outer import OuterOptimizer
 from dept_strategy.strategy import DeptStrategy
+from server_app.checkpoint import CHECKPOINTS, Checkpoint, load_latest, save_checkpoint
 from server_app.report import RunReport
 
 log = logging.getLogger(__name__)
 INITIAL_BODY_VOCAB = 512  # the body does not depend on it; any size builds the same θ
+# Keys that may change between an interrupted run and its resumption: they do not change
+# what is computed, only how long to wait and where.
+RESUMABLE_CHANGES = {
+    "resume",
+    "wait-for-nodes-s",
+    "round-timeout-s",
+    "min-available-nodes",
+    "device",
+}
 
 
 def run_federation(grid: Grid, run_config: Mapping[str, Any]) -> Path:
@@ -42,28 +54,58 @@ def run_federation(grid: Grid, run_config: Mapping[str, Any]) -> Path:
         cfg.local_steps,
         out_dir,
     )
-    strategy = _build_strategy(cfg)
+    checkpoint = _resume_point(cfg, out_dir) if cfg.resume else None  # fails before any work
+    run_id = checkpoint.state["strategy"]["run_id"] if checkpoint else uuid.uuid4().hex[:12]
+    strategy = _build_strategy(cfg, run_id)
+    if checkpoint is not None:
+        strategy.load_state_dict(checkpoint.tensors, checkpoint.state["strategy"])
+        log.info(
+            "resuming run %s after round %d (%s)", run_id, checkpoint.server_round, checkpoint.path
+        )
     strategy.summary()
     owners = strategy.wait_for_sources(grid)  # each node checks its own data paths
     log.info("%d sources take part: %s", len(owners), ", ".join(sorted(owners)))
     if cfg.sources_file and (missing := sorted(declared - owners.keys())):
         log.warning("no node serves %s yet; a source joins when its node does", ", ".join(missing))
-    report = RunReport(out_dir, cfg)
-    started = time.monotonic()
-    _evaluate(grid, strategy, cfg, 0)
-    report.round_done(strategy.history, 0, time.monotonic() - started)
-    for server_round in range(1, cfg.num_server_rounds + 1):
-        _train(grid, strategy, cfg, server_round)
+    report = RunReport(out_dir, cfg, run_id, strategy.history if checkpoint else None)
+    done = checkpoint.server_round if checkpoint else -1
+    started = time.monotonic() - (strategy.history.rounds[done].wall_s if checkpoint else 0.0)
+    for server_round in range(done + 1, cfg.num_server_rounds + 1):
+        if server_round > 0:
+            _train(grid, strategy, cfg, server_round)
         if server_round == 1 and not strategy.history.rounds[1].train:
             reasons = {f["reason"] for f in strategy.history.rounds[1].failed}
             reasons |= {r["reason"] for r in strategy.history.rounds[1].rejected}
             raise RuntimeError(f"no source could train in round 1: {'; '.join(sorted(reasons))}")
         _evaluate(grid, strategy, cfg, server_round)
         report.round_done(strategy.history, server_round, time.monotonic() - started)
+        tensors, state = strategy.state_dict()
+        save_checkpoint(
+            out_dir, server_round, tensors, {"run_config": to_run_config(cfg), "strategy": state}
+        )
     shared = strategy.outer.tensors()
     embeddings = {n: shared.pop(n) for n in strategy.embedding_names}
     report.finish(strategy.history, shared, time.monotonic() - started, embeddings)
     return out_dir
+
+
+def _resume_point(cfg: DeptConfig, out_dir: Path) -> Checkpoint:
+    """The checkpoint to continue from, after checking the run config still matches it."""
+    checkpoint = load_latest(out_dir)
+    if checkpoint is None:
+        raise ConfigError(
+            f"config key 'resume' is true but {out_dir / CHECKPOINTS} holds no checkpoint "
+            "(set 'output-dir' to the interrupted run's folder)"
+        )
+    saved, now = checkpoint.state["run_config"], to_run_config(cfg)
+    changed = sorted(k for k in now.keys() - RESUMABLE_CHANGES if saved.get(k) != now[k])
+    if changed:
+        raise ConfigError(
+            f"config key 'resume': {', '.join(changed)} differ from the checkpointed run "
+            f"({', '.join(f'{k}={saved.get(k)!r}' for k in changed)}); a resumed run must be "
+            "the same run"
+        )
+    return checkpoint
 
 
 def initial_tensors(cfg: DeptConfig) -> tuple[dict[str, torch.Tensor], tuple[str, ...]]:
@@ -80,7 +122,7 @@ def initial_tensors(cfg: DeptConfig) -> tuple[dict[str, torch.Tensor], tuple[str
     return {**tensors, **embeddings}, tuple(embeddings)
 
 
-def _build_strategy(cfg: DeptConfig) -> DeptStrategy:
+def _build_strategy(cfg: DeptConfig, run_id: str) -> DeptStrategy:
     tensors, embedding_names = initial_tensors(cfg)
     outer = OuterOptimizer(
         tensors, kind=cfg.outer_optimizer, lr=cfg.outer_lr, momentum=cfg.outer_momentum
@@ -90,7 +132,7 @@ def _build_strategy(cfg: DeptConfig) -> DeptStrategy:
         embedding_names=embedding_names,
         trim=cfg.variant == "trim",
         local_steps=cfg.local_steps,
-        run_id=uuid.uuid4().hex[:12],
+        run_id=run_id,
         fraction_train=cfg.fraction_train,
         min_train_nodes=cfg.min_train_nodes,
         fraction_evaluate=cfg.fraction_evaluate,

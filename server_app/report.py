@@ -34,6 +34,7 @@ RUN_FILES = (
     "summary.json",
     "body.safetensors",
     "embeddings.safetensors",
+    "checkpoints",
     "val_bpb.png",
 )
 
@@ -41,18 +42,25 @@ RUN_FILES = (
 class RunReport:
     """Writes a run's outputs as it goes; :meth:`finish` adds the summary and the table."""
 
-    def __init__(self, out_dir: Path, cfg: DeptConfig) -> None:
-        self.out_dir, self.cfg = out_dir, cfg
+    def __init__(
+        self, out_dir: Path, cfg: DeptConfig, run_id: str, resumed: RunHistory | None = None
+    ) -> None:
+        """A new run moves an earlier run's files aside; a resumed one (``resumed`` is its
+        history up to the checkpoint) keeps them and rewrites ``metrics.jsonl`` to match."""
+        self.out_dir, self.cfg, self.run_id = out_dir, cfg, run_id
         out_dir.mkdir(parents=True, exist_ok=True)
-        archive_previous_run(out_dir)
+        if resumed is None:
+            archive_previous_run(out_dir)
         (out_dir / "config.json").write_text(json.dumps(to_run_config(cfg), indent=2))
         self.metrics_path = out_dir / "metrics.jsonl"
-        self.metrics_path.write_text("")
+        lines = (
+            [dumps(resumed.round_json(r)) + "\n" for r in sorted(resumed.rounds)] if resumed else []
+        )
+        self.metrics_path.write_text("".join(lines))
 
     def round_done(self, history: RunHistory, server_round: int, wall_s: float) -> None:
-        if server_round not in history.rounds:
-            history.at(server_round)
-        line = history.round_json(server_round, wall_s)
+        history.at(server_round).wall_s = wall_s
+        line = history.round_json(server_round)
         with self.metrics_path.open("a") as f:
             f.write(dumps(line) + "\n")
         total = self.cfg.num_server_rounds
@@ -75,7 +83,7 @@ class RunReport:
         wall_s: float,
         embeddings: dict[str, torch.Tensor] | None = None,
     ) -> dict[str, Any]:
-        summary = build_summary(history, self.cfg, wall_s)
+        summary = {"run_id": self.run_id, **build_summary(history, self.cfg, wall_s)}
         (self.out_dir / "summary.json").write_text(dumps(summary, indent=2))
         save_file(
             {k: v.contiguous() for k, v in body.items()}, str(self.out_dir / "body.safetensors")
@@ -98,7 +106,7 @@ class RunReport:
                 ["round", "source", "train_loss", "val_loss", "val_ppl", "val_bpb", "tokens"]
             )
             for server_round in sorted(history.rounds):
-                for source, m in history.round_json(server_round, 0.0)["sources"].items():
+                for source, m in history.round_json(server_round)["sources"].items():
                     writer.writerow(
                         [
                             server_round,

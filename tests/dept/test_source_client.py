@@ -25,15 +25,33 @@ def test_embeddings_and_position_persist_between_rounds(tmp_path: Path, variant:
     result = client.train_round(body, global_step=0, server_round=1)
     assert result.delta.keys() == body.keys()
     assert all(d.dtype == torch.float32 for d in result.delta.values())
-    after_round_1 = client.ws.load_embeddings()
-    position = client.ws.load_position()
+    after_round_1 = client.ws.load_state(before_round=2)
+    assert after_round_1 is not None and after_round_1.optimizer is not None
+    position = after_round_1.position
     assert position.offset == client.cfg.local_steps * client.cfg.batch_size
 
     again = _client(tmp_path, variant)  # a new round builds everything anew from disk
-    model = again.model(body)
-    assert torch.equal(embedding_parameters(model)["input"].detach(), after_round_1["input"])
+    model = again.model(body, again.ws.load_state(before_round=2))
+    assert torch.equal(
+        embedding_parameters(model)["input"].detach(), after_round_1.embeddings["input"]
+    )
     again.train_round(body, global_step=client.cfg.local_steps, server_round=2)
-    assert again.ws.load_position().offset == 2 * position.offset
+    assert again.ws.load_state(before_round=3).position.offset == 2 * position.offset
+
+
+def test_a_rerun_round_starts_from_the_same_state_and_gives_the_same_update(
+    tmp_path: Path,
+) -> None:
+    client = _client(tmp_path, "spec-opt")
+    body = body_state(build_model("debug", 300, 64, seed=0))
+    client.train_round(body, global_step=0, server_round=1)
+    first = client.train_round(body, global_step=8, server_round=2)
+    rerun = client.train_round(body, global_step=8, server_round=2)  # the server resumed
+    assert all(torch.equal(first.delta[k], rerun.delta[k]) for k in first.delta)
+    for server_round in range(3, 7):
+        client.train_round(body, global_step=8, server_round=server_round)
+    kept = sorted(p.name for p in client.ws.dir.glob("round-*"))
+    assert kept == ["round-0004", "round-0005", "round-0006"]
 
 
 def test_spec_embeds_only_the_source_vocabulary(tmp_path: Path) -> None:

@@ -1,0 +1,233 @@
+"""Export a finished run as Hugging Face model folders that load offline.
+
+    dept-export outputs/dept --source de-novels --out models/de-novels
+    dept-export outputs/dept --global --out models/global          # GLOB and TRIM
+
+A source's model is the run's final body θ with that source's embeddings and tokenizer: its
+own (SPEC-OPT), or the global tokenizer with φ_k spread back over the global ids (SPEC,
+TRIM: an id outside V_k gets the "other" row and is suppressed in generation, since the
+model never learnt to tell those ids apart). The global model of GLOB and TRIM is θ with the
+server's φ and the global tokenizer. Each folder holds ``config.json``, ``model.safetensors``,
+the tokenizer files, ``generation_config.json`` and a short ``README.md``, so
+``AutoModelForCausalLM.from_pretrained(dir)`` and ``AutoTokenizer.from_pretrained(dir)`` work.
+
+Run on the machine that holds the source's state directory (its node, in a deployment).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from safetensors.torch import load_file
+from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerFast
+
+from dept.config import ConfigError, DeptConfig, load_config, resolve_path
+from dept.model import body_state, build_model, embedding_parameters, load_body
+from dept.source_client import SourceClient
+from dept.sources import SourceSpec, load_sources, run_sources
+from dept.vocab import load_tokenizer
+from dept.workspace import Workspace, default_state_root, global_tokenizer
+
+
+@dataclass
+class FinishedRun:
+    cfg: DeptConfig
+    run_id: str
+    body: dict[str, torch.Tensor]
+    embeddings: dict[str, torch.Tensor]  # the server's global φ (GLOB, TRIM), else empty
+    summary: dict
+
+
+def load_run(run_dir: Path) -> FinishedRun:
+    """The config, run id and final tensors a finished run left in its output folder."""
+    for name in ("config.json", "summary.json", "body.safetensors"):
+        if not (run_dir / name).is_file():
+            raise ConfigError(
+                f"{run_dir / name} is missing: export needs a finished run's output-dir "
+                "(resume an interrupted run with resume=true first)"
+            )
+    cfg = load_config(json.loads((run_dir / "config.json").read_text()))
+    summary = json.loads((run_dir / "summary.json").read_text())
+    embeddings_file = run_dir / "embeddings.safetensors"
+    return FinishedRun(
+        cfg,
+        str(summary["run_id"]),
+        load_file(str(run_dir / "body.safetensors")),
+        load_file(str(embeddings_file)) if embeddings_file.is_file() else {},
+        summary,
+    )
+
+
+def export_source(
+    run_dir: Path,
+    source: str,
+    out: Path,
+    *,
+    state_dir: Path | None = None,
+    sources_file: Path | None = None,
+) -> Path:
+    """Write ``source``'s model folder to ``out``."""
+    run = load_run(run_dir)
+    specs = load_sources(sources_file) if sources_file else run_sources(run.cfg)
+    spec = next((s for s in specs if s.name == source), None)
+    if spec is None:
+        raise ConfigError(
+            f"source {source!r} is not in the run's sources ({', '.join(s.name for s in specs)})"
+        )
+    client = _client(run, spec, specs, state_dir)
+    state = client.ws.load_state(before_round=run.cfg.num_server_rounds + 1)
+    if state is None and run.cfg.variant != "glob":
+        raise ConfigError(
+            f"source {source!r} has no trained state under {client.ws.dir}: it never trained "
+            "in this run, or 'state-dir' points elsewhere (pass --state-dir)"
+        )
+    arrays = dict(run.body)
+    ids = client.shared_ids
+    for name, value in run.embeddings.items():
+        arrays[name] = value if ids is None else value[torch.from_numpy(ids)]
+    local = client.model(arrays, state).cpu()
+    model, suppressed = _on_tokenizer_ids(local, client, run.cfg)
+    quality = run.summary.get("sources", {}).get(source, {})
+    _save(model, client.tokenizer, out, suppressed, run.cfg, f"source `{source}`", quality)
+    return out
+
+
+def export_global(run_dir: Path, out: Path, *, state_dir: Path | None = None) -> Path:
+    """Write the GLOB/TRIM global model (θ, the server's φ, the global tokenizer) to ``out``."""
+    run = load_run(run_dir)
+    if not run.embeddings:
+        raise ConfigError(
+            f"variant {run.cfg.variant!r} has no global embeddings: only glob and trim runs "
+            "have a global model; export a source instead (--source NAME)"
+        )
+    specs = run_sources(run.cfg)
+    root = state_dir or _state_root(run.cfg)
+    tokenizer = load_tokenizer(
+        global_tokenizer(specs, run.cfg.global_vocab_size, root / "cache", run.cfg.seed)
+    )
+    model = _fresh(run.cfg, run.cfg.global_vocab_size)
+    load_body(model, run.body)
+    with torch.no_grad():
+        for name, param in embedding_parameters(model).items():
+            param.copy_(run.embeddings[name])
+    unused = list(range(len(tokenizer), run.cfg.global_vocab_size))
+    summary = {"avg_val_bpb": run.summary.get("avg_val_bpb")}
+    _save(model, tokenizer, out, unused, run.cfg, "the global model", summary)
+    return out
+
+
+def _client(
+    run: FinishedRun, spec: SourceSpec, specs: list[SourceSpec], state_dir: Path | None
+) -> SourceClient:
+    root = state_dir or _state_root(run.cfg)
+    return SourceClient(run.cfg, spec, Workspace(root, run.run_id, spec.name), specs)
+
+
+def _state_root(cfg: DeptConfig) -> Path:
+    return resolve_path(cfg.state_dir) if cfg.state_dir else default_state_root()
+
+
+def _fresh(cfg: DeptConfig, vocab_size: int) -> PreTrainedModel:
+    return build_model(
+        cfg.model, vocab_size, cfg.seq_len, tie_embeddings=cfg.tie_embeddings, seed=cfg.seed
+    )
+
+
+def _on_tokenizer_ids(
+    local: PreTrainedModel, client: SourceClient, cfg: DeptConfig
+) -> tuple[PreTrainedModel, list[int]]:
+    """The model on the tokenizer's own ids, and the ids generation must never produce."""
+    vmap = client.vocab_map
+    if vmap is None:  # SPEC-OPT (own tokenizer) or GLOB: rows are already token ids
+        unused = list(range(len(client.tokenizer), client.vocab_size))
+        return local, unused
+    size = len(client.tokenizer)
+    model = _fresh(cfg, size)
+    load_body(model, body_state(local))
+    rows = vmap.to_local(np.arange(size))
+    with torch.no_grad():
+        for name, param in embedding_parameters(model).items():
+            param.copy_(embedding_parameters(local)[name][torch.from_numpy(rows)])
+    outside = [int(i) for i in np.flatnonzero(rows == vmap.other_row)]
+    return model, outside
+
+
+def _save(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerFast,
+    out: Path,
+    suppressed: list[int],
+    cfg: DeptConfig,
+    what: str,
+    quality: dict,
+) -> None:
+    eos = tokenizer.eos_token_id
+    model.config.eos_token_id = eos
+    model.config.pad_token_id = eos
+    model.config.bos_token_id = None
+    model.generation_config = GenerationConfig(
+        eos_token_id=eos,
+        pad_token_id=eos,
+        do_sample=True,
+        top_p=0.95,
+        temperature=0.8,
+        max_new_tokens=cfg.seq_len,
+        suppress_tokens=[i for i in suppressed if i != eos] or None,
+    )
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out, safe_serialization=True)
+    tokenizer.save_pretrained(out)
+    bpb = quality.get("val_bpb", quality.get("avg_val_bpb"))
+    (out / "README.md").write_text(
+        f"# DEPT {cfg.variant}: {what}\n\n"
+        f"Llama-style `{cfg.model}` model trained with DEPT on Flower ({cfg.num_server_rounds} "
+        f"rounds x {cfg.local_steps} local steps, context {cfg.seq_len} tokens).\n"
+        + (f"Validation bits per byte at the end of training: {bpb:.4f}.\n" if bpb else "")
+        + (
+            f"{len(suppressed)} token ids this model never learnt to tell apart are "
+            "suppressed in generation.\n"
+            if suppressed
+            else ""
+        )
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Export a finished DEPT run for transformers.")
+    parser.add_argument("run_dir", type=Path, help="the run's output-dir")
+    which = parser.add_mutually_exclusive_group(required=True)
+    which.add_argument("--source", help="export this source's model")
+    which.add_argument(
+        "--global",
+        dest="global_model",
+        action="store_true",
+        help="export the global model (glob, trim)",
+    )
+    parser.add_argument("--out", type=Path, required=True, help="folder to write")
+    parser.add_argument("--state-dir", type=Path, help="the source's state root, if not the run's")
+    parser.add_argument("--sources-file", type=Path, help="sources file, if not the run's")
+    args = parser.parse_args(argv)
+    try:
+        if args.global_model:
+            out = export_global(args.run_dir, args.out, state_dir=args.state_dir)
+        else:
+            out = export_source(
+                args.run_dir,
+                args.source,
+                args.out,
+                state_dir=args.state_dir,
+                sources_file=args.sources_file,
+            )
+    except ConfigError as exc:
+        parser.exit(2, f"dept-export: {exc}\n")
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,124 @@
+"""Kill a run mid-round, resume it, and get exactly the uninterrupted run's numbers."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from pathlib import Path
+
+import pytest
+import torch
+from flwr.app import Message, MessageType
+from safetensors.torch import load_file
+
+from client_app.app import app as client_app
+from dept.config import ConfigError
+from dept_strategy import keys
+from server_app.checkpoint import CheckpointError, load_latest
+from server_app.federation import run_federation
+from server_app.local_grid import LocalGrid
+from tests.helpers import debug_run_config
+
+
+class ServerCrash(RuntimeError):
+    pass
+
+
+class CrashingGrid(LocalGrid):
+    """Dies like a killed ServerApp once the clients have trained ``crash_round``."""
+
+    def __init__(self, *args, crash_round: int, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.crash_round = crash_round
+
+    def send_and_receive(
+        self, messages: Iterable[Message], *, timeout: float | None = None
+    ) -> Iterable[Message]:
+        messages = list(messages)
+        replies = super().send_and_receive(messages, timeout=timeout)
+        for msg in messages:
+            if msg.metadata.message_type == MessageType.TRAIN:
+                config = msg.content.config_records[keys.CONFIG]
+                if config[keys.SERVER_ROUND] == self.crash_round:
+                    raise ServerCrash(f"killed in round {self.crash_round}")
+        return replies
+
+
+def _config(tmp_path: Path, name: str, **overrides) -> dict:
+    sources = tmp_path / "sources.yaml"
+    sources.write_text(
+        "- {name: synth-latin, path: 'builtin:synthetic-latin', vocab-size: 400}\n"
+        "- {name: synth-greek, path: 'builtin:synthetic-greek', vocab-size: 400}\n"
+        "- {name: synth-cyrillic, path: 'builtin:synthetic-cyrillic', vocab-size: 400}\n"
+    )
+    config = debug_run_config(
+        tmp_path,
+        **{
+            "sources-file": str(sources),
+            "num-server-rounds": 3,
+            "local-steps": 4,
+            "fraction-train": 0.5,  # sampling is part of what must resume exactly
+            "outer-optimizer": "nesterov",  # and so is the outer optimizer's momentum
+            "outer-lr": 0.7,
+            "output-dir": str(tmp_path / name),
+            **overrides,
+        },
+    )
+    return config
+
+
+NODES = [{"partition-id": i, "num-partitions": 3} for i in range(3)]
+
+
+def _final(out: Path) -> tuple[dict, dict[str, torch.Tensor]]:
+    summary = json.loads((out / "summary.json").read_text())
+    per_source = {n: s["val_bpb"] for n, s in summary["sources"].items()}
+    return per_source, load_file(str(out / "body.safetensors"))
+
+
+@pytest.mark.parametrize("corrupt_latest", [False, True])
+def test_a_killed_run_resumes_to_the_uninterrupted_result(
+    tmp_path: Path, corrupt_latest: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Prepare: the reference, uninterrupted
+    reference = _config(tmp_path, "reference")
+    expected_bpb, expected_body = _final(
+        run_federation(LocalGrid(client_app, NODES, reference), reference)
+    )
+    # Execute: killed after the clients trained round 3, before its checkpoint
+    interrupted = _config(tmp_path, "interrupted")
+    with pytest.raises(ServerCrash):
+        run_federation(CrashingGrid(client_app, NODES, interrupted, crash_round=3), interrupted)
+    out = tmp_path / "interrupted"
+    if corrupt_latest:  # a crash while the checkpoint was written: round 1's is used instead
+        tensors = out / "checkpoints" / "round-0002" / "tensors.safetensors"
+        tensors.write_bytes(tensors.read_bytes()[:100])
+    resumed = {**interrupted, "resume": True}
+    run_federation(LocalGrid(client_app, NODES, resumed), resumed)
+    # Assert
+    got_bpb, got_body = _final(out)
+    assert got_bpb == expected_bpb
+    assert all(torch.equal(got_body[k], expected_body[k]) for k in expected_body)
+    lines = (out / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(line)["round"] for line in lines] == [0, 1, 2, 3]
+    if corrupt_latest:
+        assert "round-0002 is unusable" in caplog.text
+
+
+def test_resume_refuses_a_changed_run_or_a_missing_checkpoint(tmp_path: Path) -> None:
+    config = _config(tmp_path, "run", **{"num-server-rounds": 1})
+    with pytest.raises(ConfigError, match="holds no checkpoint"):
+        run_federation(LocalGrid(client_app, NODES, config), {**config, "resume": True})
+    run_federation(LocalGrid(client_app, NODES, config), config)
+    changed = {**config, "resume": True, "lr": 0.01}
+    with pytest.raises(ConfigError, match="lr differ"):
+        run_federation(LocalGrid(client_app, NODES, changed), changed)
+
+
+def test_every_checkpoint_unusable_is_a_clear_error(tmp_path: Path) -> None:
+    config = _config(tmp_path, "run", **{"num-server-rounds": 1})
+    run_federation(LocalGrid(client_app, NODES, config), config)
+    for state in (tmp_path / "run" / "checkpoints").glob("round-*/state.json"):
+        state.write_text("{not json")
+    with pytest.raises(CheckpointError, match="no usable checkpoint"):
+        load_latest(tmp_path / "run")

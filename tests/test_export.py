@@ -1,0 +1,93 @@
+"""Export round trip: a finished run's models load with transformers offline and generate."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from client_app.app import app as client_app
+from dept.config import ConfigError
+from dept.export import export_global, export_source, load_run, main
+from dept.source_client import SourceClient
+from dept.sources import run_sources
+from dept.workspace import Workspace
+from server_app.federation import run_federation
+from server_app.local_grid import LocalGrid
+from tests.helpers import debug_run_config
+
+
+def _finished_run(tmp_path: Path, variant: str) -> Path:
+    sources = tmp_path / "sources.yaml"
+    sources.write_text(
+        "- {name: synth-latin, path: 'builtin:synthetic-latin', vocab-size: 400}\n"
+        "- {name: synth-greek, path: 'builtin:synthetic-greek', vocab-size: 400}\n"
+    )
+    config = debug_run_config(
+        tmp_path,
+        variant=variant,
+        **{"sources-file": str(sources), "num-server-rounds": 1, "global-vocab-size": 600},
+    )
+    nodes = [{"partition-id": i, "num-partitions": 2} for i in range(2)]
+    return run_federation(LocalGrid(client_app, nodes, config), config)
+
+
+def _generate(folder: Path, prompt: str) -> str:
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    model = AutoModelForCausalLM.from_pretrained(folder)
+    ids = tokenizer(prompt, return_tensors="pt").input_ids
+    out = model.generate(ids, max_new_tokens=12, do_sample=False)
+    assert out.shape[1] > ids.shape[1]
+    return tokenizer.decode(out[0, ids.shape[1] :])
+
+
+def test_spec_source_export_matches_the_trained_model_and_generates(tmp_path: Path) -> None:
+    run_dir = _finished_run(tmp_path, "spec")
+    out = tmp_path / "greek"
+
+    assert main([str(run_dir), "--source", "synth-greek", "--out", str(out)]) == 0
+
+    assert {"config.json", "model.safetensors", "tokenizer.json", "generation_config.json"} <= {
+        p.name for p in out.iterdir()
+    }
+    assert isinstance(_generate(out, "α"), str)
+    # The exported model scores V_k exactly as the source's own model does.
+    run = load_run(run_dir)
+    spec = next(s for s in run_sources(run.cfg) if s.name == "synth-greek")
+    client = SourceClient(
+        run.cfg, spec, Workspace(tmp_path / "state", run.run_id, spec.name), run_sources(run.cfg)
+    )
+    assert client.vocab_map is not None
+    local = client.model(run.body, client.ws.load_state(before_round=2)).eval()
+    exported = AutoModelForCausalLM.from_pretrained(out).eval()
+    kept = client.vocab_map.kept_ids
+    tokens = torch.from_numpy(client.tokens.validation[:32].astype(np.int64))[None]
+    with torch.no_grad():
+        want = local(torch.from_numpy(client.vocab_map.to_local(tokens.numpy()))).logits
+        want = want[..., : len(kept)]
+        got = exported(tokens).logits[..., torch.from_numpy(kept)]
+    assert torch.allclose(got, want, atol=1e-5)
+    suppressed = set(exported.generation_config.suppress_tokens)
+    assert suppressed == set(range(len(client.tokenizer))) - set(kept.tolist())
+
+
+def test_glob_exports_each_source_and_the_global_model(tmp_path: Path) -> None:
+    run_dir = _finished_run(tmp_path, "glob")
+    export_source(run_dir, "synth-latin", tmp_path / "latin")
+    export_global(run_dir, tmp_path / "global")
+    for folder in ("latin", "global"):
+        assert isinstance(_generate(tmp_path / folder, "a"), str)
+
+
+def test_export_errors_name_the_problem(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"config\.json is missing"):
+        export_source(tmp_path, "x", tmp_path / "out")
+    run_dir = _finished_run(tmp_path, "spec-opt")
+    with pytest.raises(ConfigError, match="'nope' is not in the run's sources"):
+        export_source(run_dir, "nope", tmp_path / "out")
+    with pytest.raises(ConfigError, match="only glob and trim"):
+        export_global(run_dir, tmp_path / "out")
+    assert isinstance(_generate(export_source(run_dir, "synth-latin", tmp_path / "l"), "a"), str)
