@@ -21,6 +21,7 @@ import json
 import logging
 import os
 import sys
+import threading
 import time
 import traceback
 from concurrent.futures import Future, ProcessPoolExecutor, as_completed
@@ -57,6 +58,19 @@ class Plan:
     @property
     def label(self) -> str:
         return f"{self.method} lr {self.lr:g}"
+
+
+def _exit_with_parent() -> None:
+    """Worker initializer: stop when the comparison process is gone (killed, crashed), so no
+    orphaned run keeps the CPUs busy."""
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(2.0)
+        os._exit(1)
+
+    threading.Thread(target=watch, daemon=True).start()
 
 
 def run_plan(plan: Plan) -> dict[str, Any]:
@@ -222,7 +236,9 @@ def run_all(plans: list[Plan], jobs: int) -> list[dict[str, Any]]:
         for i, plan in enumerate(plans):
             done(i, run_plan(plan))
     else:
-        with ProcessPoolExecutor(jobs, mp_context=get_context("spawn")) as pool:
+        with ProcessPoolExecutor(
+            jobs, mp_context=get_context("spawn"), initializer=_exit_with_parent
+        ) as pool:
             futures: dict[Future, int] = {pool.submit(run_plan, p): i for i, p in enumerate(plans)}
             for future in as_completed(futures):
                 i = futures[future]
