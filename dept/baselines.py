@@ -1,5 +1,6 @@
 """The paper's baselines: ordinary training on the mixture of sources (STD), and STD with
-active forgetting of the token embeddings (ACT).
+active forgetting of the token embeddings (ACT); and continued pre-training (CPT), which is
+STD started from a trained body with fresh embeddings for a (new) tokenizer.
 
 Both use the one global tokenizer and the same model as GLOB, and are laid out in "rounds"
 of ``local-steps`` steps so they line up with the federated runs: the same learning-rate
@@ -29,7 +30,14 @@ from transformers import PreTrainedModel
 from dept.config import DeptConfig
 from dept.data import StreamPosition, load_source_text, tokenize_source, training_batches
 from dept.evaluate import EvalResult, evaluate_stream
-from dept.model import INIT_STD, build_model, count_params, embedding_parameters
+from dept.model import (
+    INIT_STD,
+    body_state,
+    build_model,
+    count_params,
+    embedding_parameters,
+    load_body,
+)
 from dept.sources import SourceSpec
 from dept.train import make_inner_optimizer, resolve_device, train_local
 from dept.vocab import load_tokenizer, token_byte_lengths, tokenizer_digest
@@ -96,13 +104,14 @@ class BaselineRound:
 
 @dataclass
 class BaselineRun:
-    """Per-round evaluations of a baseline, and what it cost."""
+    """Per-round evaluations of a baseline, what it cost, and the body it ends with."""
 
     name: str
     embedding_params: int
     body_params: int
     tokens_trained: int = 0
     rounds: list[BaselineRound] = field(default_factory=list)
+    body: dict[str, torch.Tensor] = field(default_factory=dict)
 
 
 @dataclass
@@ -112,14 +121,16 @@ class SourceData:
     validation: np.ndarray
 
 
-def load_global_data(
-    cfg: DeptConfig, specs: list[SourceSpec], state_root: Path
-) -> tuple[list[SourceData], np.ndarray]:
-    """Every source tokenized with the run's global tokenizer, and the bytes per token id."""
+def tokenized_sources(
+    cfg: DeptConfig, specs: list[SourceSpec], state_root: Path, tokenizer_file: Path | None
+) -> tuple[list[SourceData], np.ndarray, int]:
+    """Every source tokenized with ``tokenizer_file`` (default: the run's global tokenizer),
+    the bytes per token id, and the embedding rows the model needs."""
     cache = state_root / "cache"
-    path = global_tokenizer(specs, cfg.global_vocab_size, cache, cfg.seed)
+    path = tokenizer_file or global_tokenizer(specs, cfg.global_vocab_size, cache, cfg.seed)
     tokenizer = load_tokenizer(path)
-    if len(tokenizer) > cfg.global_vocab_size:
+    rows = len(tokenizer) if tokenizer_file else cfg.global_vocab_size
+    if len(tokenizer) > rows:
         raise ValueError(
             f"the global tokenizer {path} has {len(tokenizer)} tokens, more than config key "
             f"'global-vocab-size' ({cfg.global_vocab_size})"
@@ -131,7 +142,7 @@ def load_global_data(
             text, tokenizer, tokenizer_digest(path), cache / "tokens" / spec.name
         )
         data.append(SourceData(spec, tokens.train, tokens.validation))
-    return data, token_byte_lengths(tokenizer)
+    return data, token_byte_lengths(tokenizer), rows
 
 
 def run_standard(
@@ -143,23 +154,27 @@ def run_standard(
     sources_per_round: int,
     forget_every_round: bool = False,
     on_round: Callable[[BaselineRound], None] | None = None,
+    body: dict[str, torch.Tensor] | None = None,
+    tokenizer_file: Path | None = None,
+    name: str | None = None,
 ) -> BaselineRun:
     """STD (or ACT with ``forget_every_round``) on the mixture of ``specs``.
 
     ``sources_per_round`` is how many sources a federated round trains, so a step here
     takes ``sources_per_round × batch-size`` sequences: the federated runs' tokens per round.
+    CPT: ``body`` is a trained θ to start from (the embeddings are always fresh) and
+    ``tokenizer_file`` the tokenizer to train them for (default: the global one).
     """
-    data, token_bytes = load_global_data(cfg, specs, state_root)
+    data, token_bytes, rows = tokenized_sources(cfg, specs, state_root, tokenizer_file)
     device = resolve_device(cfg.device)
     model = build_model(
-        cfg.model,
-        cfg.global_vocab_size,
-        cfg.seq_len,
-        tie_embeddings=cfg.tie_embeddings,
-        seed=cfg.seed,
-    ).to(device)  # type: ignore[arg-type]
+        cfg.model, rows, cfg.seq_len, tie_embeddings=cfg.tie_embeddings, seed=cfg.seed
+    )
+    if body is not None:
+        load_body(model, body)
+    model = model.to(device)  # type: ignore[arg-type]
     optimizer = make_inner_optimizer(model, cfg)
-    name = "ACT" if forget_every_round else f"STD τ={temperature:g}"
+    name = name or ("ACT" if forget_every_round else f"STD τ={temperature:g}")
     embeddings = count_params(embedding_parameters(model))
     run = BaselineRun(name, embeddings, count_params(dict(model.named_parameters())) - embeddings)
     probs = temperature_probs([len(d.train) for d in data], temperature)
@@ -201,6 +216,7 @@ def run_standard(
             on_round(record)
         if forget_every_round and server_round < cfg.num_server_rounds:
             reset_embeddings(model, optimizer, forget)
+    run.body = body_state(model)
     return run
 
 

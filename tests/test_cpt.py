@@ -1,0 +1,74 @@
+"""Continued pre-training on the debug preset: bodies from DEPT and STD adapt to a new source."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from benchmarks import cpt
+from dept.baselines import run_standard
+from dept.config import load_config
+from dept.data import load_source_text
+from dept.model import body_state, build_model
+from dept.sources import load_sources
+from dept.vocab import load_tokenizer
+from dept.workspace import own_tokenizer
+from tests.helpers import debug_run_config
+
+
+def test_cpt_starts_from_the_given_body_with_fresh_embeddings(tmp_path: Path) -> None:
+    cfg = load_config(debug_run_config(tmp_path))
+    spec = next(s for s in load_sources(None) if s.name == "synth-greek")
+    cache = tmp_path / "state" / "cache"
+    tokenizer = own_tokenizer(spec, load_source_text(spec, cache, 0), cache, 0)
+    trained = {k: v + 0.01 for k, v in body_state(build_model("debug", 300, 64)).items()}
+
+    run = run_standard(
+        cfg,
+        [spec],
+        tmp_path / "state",
+        temperature=0.0,
+        sources_per_round=1,
+        body=trained,
+        tokenizer_file=tokenizer,
+        name="cpt",
+    )
+    fresh = run_standard(
+        cfg,
+        [spec],
+        tmp_path / "state",
+        temperature=0.0,
+        sources_per_round=1,
+        tokenizer_file=tokenizer,
+    )
+
+    assert run.rounds[0].avg_val_bpb != fresh.rounds[0].avg_val_bpb, "the given body was used"
+    assert run.rounds[-1].avg_val_bpb < run.rounds[0].avg_val_bpb
+    rows = len(load_tokenizer(tokenizer))
+    assert run.embedding_params == fresh.embedding_params == rows * 64, "own tokenizer's rows"
+    assert not all(torch.equal(run.body[k], trained[k]) for k in trained), "the body trains on"
+
+
+def test_cpt_benchmark_writes_curves_for_three_bodies(tmp_path: Path) -> None:
+    sources = tmp_path / "sources.yaml"
+    sources.write_text(
+        "- {name: synth-latin, path: 'builtin:synthetic-latin', vocab-size: 400}\n"
+        "- {name: synth-cyrillic, path: 'builtin:synthetic-cyrillic', vocab-size: 400}\n"
+        "- {name: synth-greek, path: 'builtin:synthetic-greek', vocab-size: 400}\n"
+    )
+    out = tmp_path / "out"
+    # fmt: off
+    assert cpt.main(["--sources-file", str(sources), "--held-out", "synth-greek",
+                     "--model", "debug", "--tokens", "8192", "--local-steps", "4",
+                     "--cpt-steps", "16", "--eval-every", "8", "--eval-bytes", "2048",
+                     "--global-vocab-size", "600", "--out", str(out)]) == 0
+    # fmt: on
+    curves = json.loads((out / "cpt.json").read_text())["curves"]
+    assert len(curves) == 3
+    for curve in curves.values():
+        assert [step for step, _ in curve] == [0, 8, 16]
+        assert curve[-1][1] < curve[0][1]
+    assert "synth-greek" in (out / "cpt.md").read_text()
+    assert (out / "cpt.png").stat().st_size > 0
