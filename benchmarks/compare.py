@@ -193,6 +193,8 @@ def base_config(args: argparse.Namespace, out: Path) -> DeptConfig:
             "global-vocab-size": args.global_vocab_size,
             "eval-bytes": args.eval_bytes,
             "outer-optimizer": args.outer_optimizer,
+            "outer-lr": args.outer_lr,
+            "outer-momentum": args.outer_momentum,
             "fraction-train": 1.0,
             "seed": args.seed,
             "device": args.device,
@@ -285,7 +287,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--warmup-steps", type=int, default=10)
     parser.add_argument("--global-vocab-size", type=int, default=4096)
     parser.add_argument("--eval-bytes", type=int, default=12288)
-    parser.add_argument("--outer-optimizer", default="fedavg")
+    parser.add_argument("--outer-optimizer", default="fedavg", help="fedavg, nesterov, fedadam")
+    parser.add_argument("--outer-lr", type=float, default=1.0)
+    parser.add_argument("--outer-momentum", type=float, default=0.9)
     parser.add_argument(
         "--lrs",
         type=lambda s: [float(x) for x in s.split(",")],

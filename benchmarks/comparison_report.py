@@ -84,10 +84,10 @@ def render_markdown(
         f"Model `{cfg.model}`, {len(sources)} sources, {cfg.num_server_rounds} rounds x "
         f"{cfg.local_steps} local steps (batch {cfg.batch_size} x {cfg.seq_len} tokens per "
         f"source), {tokens:,} training tokens per run, seed {cfg.seed}, outer optimizer "
-        f"`{cfg.outer_optimizer}`, validation: the first {cfg.eval_bytes:,} bytes of each "
-        f"source's validation text. Every method ran at learning rates "
-        f"{', '.join(f'{lr:g}' for lr in lrs)}; each column is its best rate (lowest final "
-        f"average bits per byte). Total wall time {wall_s / 60:.1f} min.",
+        f"`{cfg.outer_optimizer}` (lr {cfg.outer_lr:g}), validation: the first "
+        f"{cfg.eval_bytes:,} bytes of each source's validation text. Every method ran at "
+        f"learning rates {', '.join(f'{lr:g}' for lr in lrs)}; each column is its best "
+        f"rate (lowest final average bits per byte). Total wall time {wall_s / 60:.1f} min.",
         "",
         "## Validation bits per byte (lower is better; best per row in bold)",
         "",
