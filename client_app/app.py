@@ -34,7 +34,7 @@ from client_app.node import node_setup, served_sources
 from dept.config import load_config
 from dept.logs import route_to
 from dept.source_client import SourceClient
-from dept.workspace import Workspace
+from dept.workspace import Attempt, Workspace
 from dept_strategy import keys
 
 log = logging.getLogger(__name__)
@@ -106,6 +106,13 @@ def query(msg: Message, context: Context) -> Message:
     return _reply_or_error(msg, context, run)
 
 
+def _attempt(config: ConfigRecord) -> Attempt:
+    return Attempt(
+        str(config.get(keys.ATTEMPT, "")),
+        int(config.get(keys.RESUMED_AFTER, -1)),  # type: ignore[arg-type]
+    )
+
+
 def _shared(msg: Message) -> dict:
     """θ, and φ or its rows where the variant shares them."""
     return msg.content.array_records[keys.ARRAYS].to_torch_state_dict()
@@ -121,6 +128,7 @@ def train(msg: Message, context: Context) -> Message:
             _shared(msg),
             int(config[keys.GLOBAL_STEP]),  # type: ignore[arg-type]
             int(config[keys.SERVER_ROUND]),  # type: ignore[arg-type]
+            _attempt(config),
         )
         arrays = ArrayRecord(result.delta)
         if client.shared_ids is not None:
@@ -149,7 +157,11 @@ def evaluate(msg: Message, context: Context) -> Message:
     def run() -> RecordDict:
         client = _client(msg, context)
         config = msg.content.config_records[keys.CONFIG]
-        result = client.evaluate(_shared(msg), int(config[keys.SERVER_ROUND]))  # type: ignore[arg-type]
+        result = client.evaluate(
+            _shared(msg),
+            int(config[keys.SERVER_ROUND]),  # type: ignore[arg-type]
+            _attempt(config),
+        )
         metrics = MetricRecord(
             {
                 keys.NUM_EXAMPLES: result.tokens,

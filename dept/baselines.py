@@ -40,7 +40,7 @@ from dept.model import (
 )
 from dept.sources import SourceSpec
 from dept.train import make_inner_optimizer, resolve_device, train_local
-from dept.vocab import load_tokenizer, token_byte_lengths, tokenizer_digest
+from dept.vocab import check_fits, load_tokenizer, token_byte_lengths, tokenizer_digest
 from dept.workspace import global_tokenizer
 
 log = logging.getLogger(__name__)
@@ -130,11 +130,7 @@ def tokenized_sources(
     path = tokenizer_file or global_tokenizer(specs, cfg.global_vocab_size, cache, cfg.seed)
     tokenizer = load_tokenizer(path)
     rows = len(tokenizer) if tokenizer_file else cfg.global_vocab_size
-    if len(tokenizer) > rows:
-        raise ValueError(
-            f"the global tokenizer {path} has {len(tokenizer)} tokens, more than config key "
-            f"'global-vocab-size' ({cfg.global_vocab_size})"
-        )
+    check_fits(tokenizer, path, rows)
     data = []
     for spec in specs:
         text = load_source_text(spec, cache, cfg.seed)

@@ -29,8 +29,8 @@ from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerF
 from dept.config import ConfigError, DeptConfig, load_config, resolve_path
 from dept.model import body_state, build_model, embedding_parameters, load_body
 from dept.source_client import SourceClient
-from dept.sources import SourceSpec, load_sources, run_sources
-from dept.vocab import load_tokenizer
+from dept.sources import load_sources, run_sources
+from dept.vocab import check_fits, load_tokenizer
 from dept.workspace import Workspace, default_state_root, global_tokenizer
 
 
@@ -70,8 +70,10 @@ def export_source(
     *,
     state_dir: Path | None = None,
     sources_file: Path | None = None,
+    global_tokenizer_file: Path | None = None,
 ) -> Path:
-    """Write ``source``'s model folder to ``out``."""
+    """Write ``source``'s model folder to ``out``. On a deployed node pass its
+    ``global-tokenizer`` (SPEC, TRIM, GLOB), as the node itself was given."""
     run = load_run(run_dir)
     specs = load_sources(sources_file) if sources_file else run_sources(run.cfg)
     spec = next((s for s in specs if s.name == source), None)
@@ -79,8 +81,11 @@ def export_source(
         raise ConfigError(
             f"source {source!r} is not in the run's sources ({', '.join(s.name for s in specs)})"
         )
-    client = _client(run, spec, specs, state_dir)
-    state = client.ws.load_state(before_round=run.cfg.num_server_rounds + 1)
+    root = state_dir or _state_root(run.cfg)
+    client = SourceClient(
+        run.cfg, spec, Workspace(root, run.run_id, spec.name), specs, global_tokenizer_file
+    )
+    state = client.state(before_round=run.cfg.num_server_rounds + 1)
     if state is None and run.cfg.variant != "glob":
         raise ConfigError(
             f"source {source!r} has no trained state under {client.ws.dir}: it never trained "
@@ -97,7 +102,13 @@ def export_source(
     return out
 
 
-def export_global(run_dir: Path, out: Path, *, state_dir: Path | None = None) -> Path:
+def export_global(
+    run_dir: Path,
+    out: Path,
+    *,
+    state_dir: Path | None = None,
+    global_tokenizer_file: Path | None = None,
+) -> Path:
     """Write the GLOB/TRIM global model (θ, the server's φ, the global tokenizer) to ``out``."""
     run = load_run(run_dir)
     if not run.embeddings:
@@ -105,11 +116,12 @@ def export_global(run_dir: Path, out: Path, *, state_dir: Path | None = None) ->
             f"variant {run.cfg.variant!r} has no global embeddings: only glob and trim runs "
             "have a global model; export a source instead (--source NAME)"
         )
-    specs = run_sources(run.cfg)
     root = state_dir or _state_root(run.cfg)
-    tokenizer = load_tokenizer(
-        global_tokenizer(specs, run.cfg.global_vocab_size, root / "cache", run.cfg.seed)
+    path = global_tokenizer_file or global_tokenizer(
+        run_sources(run.cfg), run.cfg.global_vocab_size, root / "cache", run.cfg.seed
     )
+    tokenizer = load_tokenizer(path)
+    check_fits(tokenizer, path, run.cfg.global_vocab_size)
     model = _fresh(run.cfg, run.cfg.global_vocab_size)
     load_body(model, run.body)
     with torch.no_grad():
@@ -119,13 +131,6 @@ def export_global(run_dir: Path, out: Path, *, state_dir: Path | None = None) ->
     summary = {"avg_val_bpb": run.summary.get("avg_val_bpb")}
     _save(model, tokenizer, out, unused, run.cfg, "the global model", summary)
     return out
-
-
-def _client(
-    run: FinishedRun, spec: SourceSpec, specs: list[SourceSpec], state_dir: Path | None
-) -> SourceClient:
-    root = state_dir or _state_root(run.cfg)
-    return SourceClient(run.cfg, spec, Workspace(root, run.run_id, spec.name), specs)
 
 
 def _state_root(cfg: DeptConfig) -> Path:
@@ -211,10 +216,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, required=True, help="folder to write")
     parser.add_argument("--state-dir", type=Path, help="the source's state root, if not the run's")
     parser.add_argument("--sources-file", type=Path, help="sources file, if not the run's")
+    parser.add_argument(
+        "--global-tokenizer", type=Path, help="the run's global tokenizer.json (deployed node)"
+    )
     args = parser.parse_args(argv)
     try:
         if args.global_model:
-            out = export_global(args.run_dir, args.out, state_dir=args.state_dir)
+            out = export_global(
+                args.run_dir,
+                args.out,
+                state_dir=args.state_dir,
+                global_tokenizer_file=args.global_tokenizer,
+            )
         else:
             out = export_source(
                 args.run_dir,
@@ -222,8 +235,9 @@ def main(argv: list[str] | None = None) -> int:
                 args.out,
                 state_dir=args.state_dir,
                 sources_file=args.sources_file,
+                global_tokenizer_file=args.global_tokenizer,
             )
-    except ConfigError as exc:
+    except (ValueError, OSError) as exc:  # ConfigError is a ValueError
         parser.exit(2, f"dept-export: {exc}\n")
     print(f"wrote {out}")
     return 0

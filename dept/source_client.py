@@ -39,12 +39,14 @@ from dept.synthetic import oracle_bpb
 from dept.train import TrainStats, make_inner_optimizer, resolve_device, train_local
 from dept.vocab import (
     VocabMap,
+    check_fits,
     load_tokenizer,
     source_vocabulary,
     token_byte_lengths,
     tokenizer_digest,
 )
 from dept.workspace import (
+    Attempt,
     SourceState,
     Workspace,
     global_tokenizer,
@@ -82,17 +84,15 @@ class SourceClient:
                 all_sources or [spec], cfg.global_vocab_size, workspace.cache, cfg.seed
             )
         self.tokenizer = load_tokenizer(tok_path)
+        self.tokenizer_digest = tokenizer_digest(tok_path)
+        if cfg.variant in ("glob", "trim"):  # its ids index the server's global φ
+            check_fits(self.tokenizer, tok_path, cfg.global_vocab_size)
         self.tokens: TokenizedSource = tokenize_source(
-            text, self.tokenizer, tokenizer_digest(tok_path), workspace.cache / "tokens" / spec.name
+            text, self.tokenizer, self.tokenizer_digest, workspace.cache / "tokens" / spec.name
         )
         self.token_bytes = token_byte_lengths(self.tokenizer)
         self.vocab_map = self._vocab_map() if cfg.variant in ("spec", "trim") else None
         self.oracle_bpb = oracle_bpb(text.folder) if text.folder else None
-        if cfg.variant == "glob" and len(self.tokenizer) > cfg.global_vocab_size:
-            raise ValueError(
-                f"the global tokenizer {tok_path} has {len(self.tokenizer)} tokens, more than "
-                f"config key 'global-vocab-size' ({cfg.global_vocab_size}) rows"
-            )
 
     def _vocab_map(self) -> VocabMap:
         ids = self.ws.load_vocab_ids()
@@ -144,6 +144,24 @@ class SourceClient:
                     param[:shared].copy_(arrays[name])
         return cast(PreTrainedModel, model.to(self.device))  # type: ignore[arg-type]
 
+    def state(self, before_round: int, attempt: Attempt | None = None) -> SourceState | None:
+        """The source's saved state, checked to belong to the tokenizer in use."""
+        state = self.ws.load_state(before_round, attempt)
+        if state is None:
+            return None
+        if state.tokenizer != self.tokenizer_digest:
+            raise ValueError(
+                f"source {self.spec.name!r}: the state in {self.ws.dir} was trained for another "
+                f"tokenizer ({state.tokenizer}, now {self.tokenizer_digest}); the source's data "
+                "or vocab-size changed within the run"
+            )
+        if self.cfg.variant != "glob" and not state.embeddings:
+            raise FileNotFoundError(
+                f"source {self.spec.name!r}: the state of round {state.server_round} in "
+                f"{self.ws.dir} has no embeddings file"
+            )
+        return state
+
     def _initial_embeddings(
         self, embeddings: dict[str, torch.nn.Parameter]
     ) -> dict[str, torch.Tensor]:
@@ -156,9 +174,13 @@ class SourceClient:
         return self.vocab_size * width * (1 if self.cfg.tie_embeddings else 2)
 
     def train_round(
-        self, arrays: dict[str, torch.Tensor], global_step: int, server_round: int
+        self,
+        arrays: dict[str, torch.Tensor],
+        global_step: int,
+        server_round: int,
+        attempt: Attempt | None = None,
     ) -> RoundResult:
-        state = self.ws.load_state(before_round=server_round)
+        state = self.state(server_round, attempt)
         model = self.model(arrays, state)
         optimizer = make_inner_optimizer(model, self.cfg)
         if state is not None and state.optimizer is not None and self.cfg.keep_inner_optimizer:
@@ -190,14 +212,18 @@ class SourceClient:
                 dict(embeddings) if self.cfg.variant != "glob" else {},
                 optimizer.state_dict() if self.cfg.keep_inner_optimizer else None,
                 position,
+                self.tokenizer_digest,
+                attempt.id if attempt else "",
             ),
         )
         return RoundResult(delta, stats)
 
-    def evaluate(self, arrays: dict[str, torch.Tensor], server_round: int) -> EvalResult:
+    def evaluate(
+        self, arrays: dict[str, torch.Tensor], server_round: int, attempt: Attempt | None = None
+    ) -> EvalResult:
         """Score the validation text with θ and the state as of the end of ``server_round``."""
         return evaluate_stream(
-            self.model(arrays, self.ws.load_state(before_round=server_round + 1)),
+            self.model(arrays, self.state(server_round + 1, attempt)),
             self.tokens.validation,
             self.token_bytes,
             seq_len=self.cfg.seq_len,

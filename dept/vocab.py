@@ -72,6 +72,15 @@ def load_tokenizer(path: Path) -> PreTrainedTokenizerFast:
     return PreTrainedTokenizerFast(tokenizer_file=str(path), eos_token=EOS_TOKEN)
 
 
+def check_fits(tokenizer: PreTrainedTokenizerFast, path: Path, rows: int) -> None:
+    """A global tokenizer's ids must index the ``global-vocab-size`` rows of the global φ."""
+    if len(tokenizer) > rows:
+        raise ValueError(
+            f"the global tokenizer {path} has {len(tokenizer)} tokens, more than config key "
+            f"'global-vocab-size' ({rows}) rows"
+        )
+
+
 def tokenizer_digest(path: Path) -> str:
     """Short content hash, used to key caches built with this tokenizer."""
     return hashlib.sha256(path.read_bytes()).hexdigest()[:16]

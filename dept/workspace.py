@@ -9,7 +9,8 @@ Layout under the node's state root (``state-dir``)::
     runs/<run-id>/<source>/round-0007/              the source's state after training round 7:
         embeddings.safetensors                      φ_k rows the node owns (not GLOB)
         optimizer.pt                                inner AdamW state (weights_only load)
-        position.json                               where the training stream stands
+        progress.json                               where the training stream stands, and
+                                                    the tokenizer the embeddings belong to
 
 State is kept per round (the last ``KEEP_ROUNDS``): training round t starts from the newest
 state before t. A server that crashed after its clients trained round t but before its own
@@ -41,9 +42,10 @@ from dept.vocab import ensure_tokenizer
 
 EMBEDDINGS_FILE = "embeddings.safetensors"
 OPTIMIZER_FILE = "optimizer.pt"
-POSITION_FILE = "position.json"
+PROGRESS_FILE = "progress.json"
+PRUNED_FILE = "pruned.json"  # the newest round whose state was deleted to save space
 VOCAB_IDS_FILE = "vocab_ids.npy"
-KEEP_ROUNDS = 3  # enough for a server that falls back one checkpoint on resume
+KEEP_ROUNDS = 4  # the server keeps 3 checkpoints: a fallback to the oldest still finds one
 
 
 def default_state_root() -> Path:
@@ -64,23 +66,47 @@ class Workspace:
         self.dir = root / "runs" / run_id / source
         self.dir.mkdir(parents=True, exist_ok=True)
 
-    def load_state(self, before_round: int) -> SourceState | None:
-        """The newest state saved after a round before ``before_round``; None if none."""
-        rounds = [r for r in self._saved_rounds() if r < before_round]
-        if not rounds:
-            return None
-        folder = self._round_dir(rounds[-1])
-        embeddings = folder / EMBEDDINGS_FILE
-        optimizer = folder / OPTIMIZER_FILE
+    def load_state(self, before_round: int, attempt: Attempt | None = None) -> SourceState | None:
+        """The newest valid state saved after a round before ``before_round``; None before
+        the source's first round.
+
+        ``attempt`` is the server's current attempt at the run (None: read as it is, e.g. to
+        export): a state of a round after the one it resumed after, written by an earlier
+        attempt, comes from a crashed server's round that is being re-run, so it is dropped.
+        """
+        saved = self._saved_rounds()
+        for server_round in reversed([r for r in saved if r < before_round]):
+            folder = self._round_dir(server_round)
+            progress = json.loads((folder / PROGRESS_FILE).read_text())
+            if (
+                attempt is not None
+                and server_round > attempt.resumed_after
+                and progress.get("attempt") != attempt.id
+            ):
+                shutil.rmtree(folder, ignore_errors=True)
+                continue
+            return self._read(folder, server_round, progress)
+        pruned = self._pruned_through()
+        if pruned is not None and pruned < before_round:
+            raise FileNotFoundError(
+                f"{self.dir}: the state before round {before_round} was pruned (rounds up to "
+                f"{pruned} are gone; kept: {', '.join(map(str, saved)) or 'none'})"
+            )
+        return None
+
+    def _read(self, folder: Path, server_round: int, progress: dict[str, Any]) -> SourceState:
+        embeddings, optimizer = folder / EMBEDDINGS_FILE, folder / OPTIMIZER_FILE
         return SourceState(
-            server_round=rounds[-1],
+            server_round=server_round,
             embeddings=load_file(str(embeddings)) if embeddings.is_file() else {},
             optimizer=(
                 torch.load(optimizer, map_location="cpu", weights_only=True)
                 if optimizer.is_file()
                 else None
             ),
-            position=StreamPosition(**json.loads((folder / POSITION_FILE).read_text())),
+            position=StreamPosition(**progress["position"]),
+            tokenizer=progress["tokenizer"],
+            attempt=progress.get("attempt", ""),
         )
 
     def save_state(self, server_round: int, state: SourceState) -> None:
@@ -95,13 +121,22 @@ class Workspace:
             )
         if state.optimizer is not None:
             torch.save(state.optimizer, tmp / OPTIMIZER_FILE)
-        (tmp / POSITION_FILE).write_text(json.dumps(asdict(state.position)))
-        final = self._round_dir(server_round)
-        if final.exists():  # the round is being re-run after a server resume
-            shutil.rmtree(final)
-        tmp.replace(final)
-        for old in self._saved_rounds()[:-KEEP_ROUNDS]:
+        progress = {
+            "position": asdict(state.position),
+            "tokenizer": state.tokenizer,
+            "attempt": state.attempt,
+        }
+        (tmp / PROGRESS_FILE).write_text(json.dumps(progress))
+        replace_dir(tmp, self._round_dir(server_round))
+        stale = self._saved_rounds()[:-KEEP_ROUNDS]
+        if stale:
+            _atomic(self.dir / PRUNED_FILE, lambda t: t.write_text(json.dumps(max(stale))))
+        for old in stale:
             shutil.rmtree(self._round_dir(old), ignore_errors=True)
+
+    def _pruned_through(self) -> int | None:
+        path = self.dir / PRUNED_FILE
+        return int(json.loads(path.read_text())) if path.is_file() else None
 
     def _round_dir(self, server_round: int) -> Path:
         return self.dir / f"round-{server_round:04d}"
@@ -117,6 +152,15 @@ class Workspace:
         _atomic(self.dir / VOCAB_IDS_FILE, lambda tmp: np.save(tmp, ids, allow_pickle=False))
 
 
+@dataclass(frozen=True)
+class Attempt:
+    """One start of the server on a run: a fresh one, or a resume after round
+    ``resumed_after`` (-1: a fresh start)."""
+
+    id: str = ""
+    resumed_after: int = -1
+
+
 @dataclass
 class SourceState:
     """What a source carries from one of its rounds to the next."""
@@ -125,6 +169,19 @@ class SourceState:
     embeddings: dict[str, torch.Tensor]  # the rows the node owns; empty for GLOB
     optimizer: dict[str, Any] | None  # inner AdamW state_dict, when kept
     position: StreamPosition
+    tokenizer: str  # digest of the tokenizer φ_k was trained for
+    attempt: str = ""  # the server attempt (start or resume) whose round wrote it
+
+
+def replace_dir(tmp: Path, final: Path) -> None:
+    """Put the finished folder ``tmp`` at ``final``; at every instant one complete version
+    exists (the old one is renamed aside before the new one is renamed in)."""
+    old = final.with_name(f".old-{final.name}")
+    shutil.rmtree(old, ignore_errors=True)
+    if final.exists():
+        final.replace(old)
+    tmp.replace(final)
+    shutil.rmtree(old, ignore_errors=True)
 
 
 def _atomic(path: Path, write: Any) -> None:

@@ -112,9 +112,17 @@ class SourceDirectory:
         log.info("node %d serves %s", node, ", ".join(self.node_sources[node]) or "no source")
 
     def wait(
-        self, grid: Grid, server_round: int, on_failure: Callable[[int, str], None]
+        self,
+        grid: Grid,
+        server_round: int,
+        on_failure: Callable[[int, str], None],
+        expected: frozenset[str] = frozenset(),
     ) -> dict[str, int]:
         """``refresh`` until ``min_nodes`` nodes and at least one source are there, or fail.
+
+        With ``expected`` (a resumed run's sources) it waits, as long as ``wait_s`` allows,
+        until all of them are served too, since sampling depends on which sources exist; if
+        some never come it goes on with the others and says so.
 
         Fails early when every connected node has failed (or serves nothing) and no new
         node has connected for a short grace period: waiting longer would not help.
@@ -128,12 +136,20 @@ class SourceDirectory:
                 seen, stable_since = nodes, time.monotonic()
             enough = len(nodes) >= self.min_nodes
             owners = self.refresh(grid, server_round, on_failure) if enough else {}
-            if owners:
+            if owners and expected <= owners.keys():
                 return owners
             idle = {n for n, served in self.node_sources.items() if not served}
             hopeless = enough and nodes <= self.failures.keys() | idle
             if hopeless and time.monotonic() - stable_since >= grace:
                 raise NotEnoughNodes(f"no connected node can serve a source: {self._reasons()}")
+            if time.monotonic() >= deadline and owners:
+                log.warning(
+                    "no node serves %s of the resumed run after %.0f s: going on without "
+                    "them, so sampling differs from the uninterrupted run",
+                    ", ".join(sorted(expected - owners.keys())),
+                    self.wait_s,
+                )
+                return owners
             if time.monotonic() >= deadline:
                 raise NotEnoughNodes(
                     f"waited {self.wait_s:.0f} s (config key 'wait-for-nodes-s') for "

@@ -14,6 +14,8 @@ INFO = "info"
 SERVER_ROUND = "server-round"
 GLOBAL_STEP = "global-step"
 RUN_ID = "run-id"
+ATTEMPT = "attempt"  # this start of the server on the run (a resume is a new attempt)
+RESUMED_AFTER = "resumed-after"  # the round the attempt resumed after; -1 for a fresh start
 SOURCE = "source"  # which of the node's sources acts (train, evaluate); also in replies' info
 REQUEST = "request"  # what a query asks: absent = which sources; VOCABULARY = V_k of SOURCE
 VOCABULARY = "vocabulary"

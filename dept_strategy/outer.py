@@ -52,7 +52,8 @@ class OuterOptimizer:
         """Step with gradient Δ (same keys and shapes); rows masked in ``frozen_rows`` stay put.
 
         A row of φ that no sampled client held has no update; momentum or Adam would still
-        move it, so its value is put back after the step.
+        move it, so its value is put back after the step. Its momentum (or Adam moments)
+        still decay as for a zero update, and Adam's step count is per tensor, not per row.
         """
         kept = {
             name: self.params[name].data[mask].clone() for name, mask in (frozen_rows or {}).items()

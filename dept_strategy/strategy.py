@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import math
 import random
+import uuid
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -92,6 +93,8 @@ class DeptStrategy(Strategy):
         self.max_tokens_per_round = max_tokens_per_round
         self.num_rounds = num_rounds
         self.in_flight = InFlight()
+        self.attempt = uuid.uuid4().hex[:12]
+        self.resumed_after = -1
         self.directory = SourceDirectory(
             run_id=run_id,
             min_nodes=min_available_nodes,
@@ -163,9 +166,12 @@ class DeptStrategy(Strategy):
         """Step of the global LR schedule at the start of ``server_round`` (1-based)."""
         return (server_round - 1) * self.local_steps
 
-    def wait_for_sources(self, grid: Grid, server_round: int = 0) -> dict[str, int]:
-        """``{source: node}`` once enough nodes are there; bounded by ``wait-for-nodes-s``."""
-        return self.directory.wait(grid, server_round, self._failure_logger(server_round))
+    def wait_for_sources(
+        self, grid: Grid, server_round: int = 0, expected: frozenset[str] = frozenset()
+    ) -> dict[str, int]:
+        """``{source: node}`` once enough nodes (and the ``expected`` sources, as far as the
+        wait allows) are there; bounded by ``wait-for-nodes-s``."""
+        return self.directory.wait(grid, server_round, self._failure_logger(server_round), expected)
 
     def _target_failure_logger(self, server_round: int) -> Callable[[Target, str], None]:
         def record(target: Target, reason: str) -> None:
@@ -202,15 +208,23 @@ class DeptStrategy(Strategy):
         self.history.record_bytes_up(server_round, received)
         return known
 
-    def _arrays_for(self, source: str, arrays: ArrayRecord) -> ArrayRecord:
+    def _identify(self, config: ConfigRecord) -> None:
+        """Which run and which attempt at it: a node drops state a crashed attempt left."""
+        config[keys.RUN_ID] = self.run_id
+        config[keys.ATTEMPT] = self.attempt
+        config[keys.RESUMED_AFTER] = self.resumed_after
+
+    def _arrays_for(
+        self, source: str, arrays: ArrayRecord, phi: dict[str, np.ndarray]
+    ) -> ArrayRecord:
         """What ``source`` receives: ``arrays`` as is, or with φ cut to its V_k rows (TRIM)."""
         if self.vocabularies is None:
             return arrays
         rows = self.vocabularies.ids[source]
         trimmed = ArrayRecord()
         for name in arrays:
-            if name in self.embedding_names:
-                trimmed[name] = Array(arrays[name].numpy()[rows])
+            if name in phi:
+                trimmed[name] = Array(phi[name][rows])
             else:
                 trimmed[name] = arrays[name]  # the same θ payload, not a copy
         return trimmed
@@ -219,6 +233,8 @@ class DeptStrategy(Strategy):
         """Shapes a reply from ``source`` must have, and its φ row ids (TRIM)."""
         if self.vocabularies is None:
             return self.shapes, None
+        if source not in self.vocabularies.ids:
+            raise RejectedReply(f"no vocabulary is known for source {source!r}")
         rows = self.vocabularies.ids[source]
         shapes = {
             n: (len(rows), *s[1:]) if n in self.embedding_names else s
@@ -231,9 +247,10 @@ class DeptStrategy(Strategy):
     ) -> tuple[list[Message], int]:
         """One message per source, to the node serving it, and the bytes of their arrays."""
         messages, sent = [], 0
+        phi = {n: arrays[n].numpy() for n in self.embedding_names} if self.vocabularies else {}
         for source, node in targets.items():
             per_source = ConfigRecord({**config, keys.SOURCE: source})
-            shared = self._arrays_for(source, arrays)
+            shared = self._arrays_for(source, arrays, phi)
             sent += shared.count_bytes()
             record = RecordDict({keys.ARRAYS: shared, keys.CONFIG: per_source})
             message = Message(content=record, dst_node_id=node, message_type=message_type)
@@ -249,7 +266,7 @@ class DeptStrategy(Strategy):
         )
         config[keys.SERVER_ROUND] = server_round
         config[keys.GLOBAL_STEP] = self.global_step(server_round)
-        config[keys.RUN_ID] = self.run_id
+        self._identify(config)
         record = self.history.at(server_round, self.global_step(server_round))
         record.sampled = len(targets)
         log.info("round %d: training %s", server_round, ", ".join(targets))
@@ -368,7 +385,7 @@ class DeptStrategy(Strategy):
             return []
         targets = self._sample(grid, server_round, fraction, 1, self.eval_rng)
         config[keys.SERVER_ROUND] = server_round
-        config[keys.RUN_ID] = self.run_id
+        self._identify(config)
         messages, sent = self._messages(arrays, config, targets, MessageType.EVALUATE)
         self.history.comm.bytes_down_eval += sent
         return messages

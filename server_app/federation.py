@@ -59,11 +59,13 @@ def run_federation(grid: Grid, run_config: Mapping[str, Any]) -> Path:
     strategy = _build_strategy(cfg, run_id)
     if checkpoint is not None:
         strategy.load_state_dict(checkpoint.tensors, checkpoint.state["strategy"])
+        strategy.resumed_after = checkpoint.server_round
         log.info(
             "resuming run %s after round %d (%s)", run_id, checkpoint.server_round, checkpoint.path
         )
     strategy.summary()
-    owners = strategy.wait_for_sources(grid)  # each node checks its own data paths
+    resumed_sources = frozenset(strategy.history.sources()) if checkpoint else frozenset()
+    owners = strategy.wait_for_sources(grid, expected=resumed_sources)  # nodes check their data
     log.info("%d sources take part: %s", len(owners), ", ".join(sorted(owners)))
     if cfg.sources_file and (missing := sorted(declared - owners.keys())):
         log.warning("no node serves %s yet; a source joins when its node does", ", ".join(missing))

@@ -79,7 +79,7 @@ def test_federation_lowers_bpb_and_keeps_embeddings_home(tmp_path: Path) -> None
         stored = load_file(str(last / "embeddings.safetensors"))
         fresh = init_embeddings({"input": tuple(stored["input"].shape)}, 0, name)
         assert not np.allclose(stored["input"].numpy(), fresh["input"].numpy()), name
-        position = json.loads((last / "position.json").read_text())
+        position = json.loads((last / "progress.json").read_text())["position"]
         assert position["offset"] + position["epoch"] > 0
 
 

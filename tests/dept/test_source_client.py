@@ -51,7 +51,7 @@ def test_a_rerun_round_starts_from_the_same_state_and_gives_the_same_update(
     for server_round in range(3, 7):
         client.train_round(body, global_step=8, server_round=server_round)
     kept = sorted(p.name for p in client.ws.dir.glob("round-*"))
-    assert kept == ["round-0004", "round-0005", "round-0006"]
+    assert kept == ["round-0003", "round-0004", "round-0005", "round-0006"]
 
 
 def test_spec_embeds_only_the_source_vocabulary(tmp_path: Path) -> None:
@@ -66,3 +66,12 @@ def test_spec_opt_trains_a_tokenizer_per_source(tmp_path: Path) -> None:
     greek, latin = _client(tmp_path, "spec-opt"), _client(tmp_path, "spec-opt", "synth-latin")
     assert greek.tokenizer.get_vocab() != latin.tokenizer.get_vocab()
     assert greek.vocab_size == len(greek.tokenizer) <= greek.spec.vocab_size
+
+
+def test_state_from_another_tokenizer_is_refused(tmp_path: Path) -> None:
+    client = _client(tmp_path, "spec-opt")
+    body = body_state(build_model("debug", 300, 64, seed=0))
+    client.train_round(body, global_step=0, server_round=1)
+    client.tokenizer_digest = "0" * 16  # as if the source's data changed mid-run
+    with pytest.raises(ValueError, match="another tokenizer"):
+        client.train_round(body, global_step=8, server_round=2)

@@ -1,3 +1,4 @@
+import json
 import math
 
 import pytest
@@ -58,3 +59,22 @@ def test_frozen_rows_do_not_move_even_with_momentum(kind: str) -> None:
     outer.step({"phi": torch.zeros(3, 2)}, {"phi": frozen})
     assert torch.equal(outer.tensors()["phi"][1], before[1])
     assert not torch.equal(outer.tensors()["phi"][0], before[0]), "momentum still moves row 0"
+
+
+@pytest.mark.parametrize("kind", ["fedavg", "nesterov", "fedadam"])
+def test_state_round_trips_without_pickle(kind: str) -> None:
+    outer = OuterOptimizer({"w": torch.ones(3), "v": torch.zeros(2, 2)}, kind=kind, lr=0.1)
+    for g in (0.5, -0.2):
+        outer.step({"w": torch.full((3,), g), "v": torch.full((2, 2), g)})
+    tensors, meta = outer.state_dict()
+    meta = json.loads(json.dumps(meta))  # it must survive JSON
+    restored = OuterOptimizer({"w": torch.zeros(3), "v": torch.ones(2, 2)}, kind=kind, lr=0.1)
+    restored.load_state_dict({k: v.clone() for k, v in tensors.items()}, meta)
+    for stepped in (outer, restored):
+        stepped.step({"w": torch.full((3,), 0.3), "v": torch.full((2, 2), 0.3)})
+    for name in ("w", "v"):
+        assert torch.equal(outer.tensors()[name], restored.tensors()[name])
+    with pytest.raises(ValueError, match="outer optimizer"):
+        OuterOptimizer({"w": torch.zeros(3), "v": torch.ones(2, 2)}, kind="fedavg").load_state_dict(
+            tensors, {**meta, "kind": "other"}
+        )

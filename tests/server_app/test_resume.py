@@ -58,8 +58,6 @@ def _config(tmp_path: Path, name: str, **overrides) -> dict:
             "num-server-rounds": 3,
             "local-steps": 4,
             "fraction-train": 0.5,  # sampling is part of what must resume exactly
-            "outer-optimizer": "nesterov",  # and so is the outer optimizer's momentum
-            "outer-lr": 0.7,
             "output-dir": str(tmp_path / name),
             **overrides,
         },
@@ -76,17 +74,34 @@ def _final(out: Path) -> tuple[dict, dict[str, torch.Tensor]]:
     return per_source, load_file(str(out / "body.safetensors"))
 
 
-@pytest.mark.parametrize("corrupt_latest", [False, True])
+@pytest.mark.parametrize(
+    ("variant", "outer", "corrupt_latest"),
+    [
+        ("spec-opt", "nesterov", False),
+        ("spec-opt", "nesterov", True),
+        ("trim", "fedadam", False),  # V_k, row-wise φ and Adam's state resume too
+    ],
+)
 def test_a_killed_run_resumes_to_the_uninterrupted_result(
-    tmp_path: Path, corrupt_latest: bool, caplog: pytest.LogCaptureFixture
+    tmp_path: Path,
+    variant: str,
+    outer: str,
+    corrupt_latest: bool,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
+    settings = {
+        "variant": variant,
+        "outer-optimizer": outer,
+        "outer-lr": 0.7 if outer == "nesterov" else 0.01,
+        "global-vocab-size": 600,
+    }
     # Prepare: the reference, uninterrupted
-    reference = _config(tmp_path, "reference")
+    reference = _config(tmp_path, "reference", **settings)
     expected_bpb, expected_body = _final(
         run_federation(LocalGrid(client_app, NODES, reference), reference)
     )
     # Execute: killed after the clients trained round 3, before its checkpoint
-    interrupted = _config(tmp_path, "interrupted")
+    interrupted = _config(tmp_path, "interrupted", **settings)
     with pytest.raises(ServerCrash):
         run_federation(CrashingGrid(client_app, NODES, interrupted, crash_round=3), interrupted)
     out = tmp_path / "interrupted"
@@ -98,6 +113,10 @@ def test_a_killed_run_resumes_to_the_uninterrupted_result(
     # Assert
     got_bpb, got_body = _final(out)
     assert got_bpb == expected_bpb
+    if variant == "trim":
+        want = load_file(str(tmp_path / "reference" / "embeddings.safetensors"))
+        got = load_file(str(out / "embeddings.safetensors"))
+        assert all(torch.equal(got[k], want[k]) for k in want)
     assert all(torch.equal(got_body[k], expected_body[k]) for k in expected_body)
     lines = (out / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(line)["round"] for line in lines] == [0, 1, 2, 3]
