@@ -162,11 +162,26 @@ def main(argv: list[str] | None = None) -> int:
     )
     was_running = _superlink_running()
     env = {**os.environ, "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1"}
+    started = time.time()
     try:
-        return subprocess.run(command, env=env, check=False).returncode
+        code = subprocess.run(command, env=env, check=False).returncode
     finally:
         if not was_running and not args.keep_superlink:
             stop_local_superlink()
+    return code or _finished(resolve_path(cfg.output_dir), started)
+
+
+def _finished(out_dir: Path, started: float) -> int:
+    """``flwr run`` exits 0 even when the run died; a run finished if it wrote its summary."""
+    summary = out_dir / "summary.json"
+    if summary.is_file() and summary.stat().st_mtime >= started:
+        return 0
+    print(
+        f"dept-run: error: the run ended without writing {summary} (see the log above); "
+        'continue it with -c "resume=true" and the same settings',
+        file=sys.stderr,
+    )
+    return 1
 
 
 def _path_defaults(app: Path) -> dict[str, Any]:
