@@ -25,6 +25,7 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
+from dept.workspace import replace_dir
 from server_app.report import dumps
 
 log = logging.getLogger(__name__)
@@ -60,9 +61,7 @@ def save_checkpoint(
     )
     record = {**state, "round": server_round, "tensors_sha256": _sha256(tmp / TENSORS_FILE)}
     (tmp / STATE_FILE).write_text(dumps(record))
-    if final.exists():  # a rerun of this round after a resume: the new one wins
-        shutil.rmtree(final)
-    tmp.replace(final)
+    replace_dir(tmp, final)  # a rerun of this round after a resume: the new one wins
     for old in _round_dirs(root)[:-KEEP]:
         shutil.rmtree(old, ignore_errors=True)
     return final
