@@ -131,12 +131,11 @@ def tokenized_sources(
     tokenizer = load_tokenizer(path)
     rows = len(tokenizer) if tokenizer_file else cfg.global_vocab_size
     check_fits(tokenizer, path, rows)
+    digest = tokenizer_digest(path)
     data = []
     for spec in specs:
         text = load_source_text(spec, cache, cfg.seed)
-        tokens = tokenize_source(
-            text, tokenizer, tokenizer_digest(path), cache / "tokens" / spec.name
-        )
+        tokens = tokenize_source(text, tokenizer, digest, cache / "tokens" / spec.name)
         data.append(SourceData(spec, tokens.train, tokens.validation))
     return data, token_byte_lengths(tokenizer), rows
 
