@@ -72,22 +72,23 @@ def run_federation(grid: Grid, run_config: Mapping[str, Any]) -> Path:
     report = RunReport(out_dir, cfg, run_id, strategy.history if checkpoint else None)
     done = checkpoint.server_round if checkpoint else -1
     started = time.monotonic() - (strategy.history.rounds[done].wall_s if checkpoint else 0.0)
+    shared = ArrayRecord(strategy.outer.tensors())  # serialised once per round, sent to all
     for server_round in range(done + 1, cfg.num_server_rounds + 1):
         if server_round > 0:
-            _train(grid, strategy, cfg, server_round)
+            shared = _train(grid, strategy, cfg, server_round, shared)
         if server_round == 1 and not strategy.history.rounds[1].train:
             reasons = {f["reason"] for f in strategy.history.rounds[1].failed}
             reasons |= {r["reason"] for r in strategy.history.rounds[1].rejected}
             raise RuntimeError(f"no source could train in round 1: {'; '.join(sorted(reasons))}")
-        _evaluate(grid, strategy, cfg, server_round)
+        _evaluate(grid, strategy, cfg, server_round, shared)
         report.round_done(strategy.history, server_round, time.monotonic() - started)
         tensors, state = strategy.state_dict()
         save_checkpoint(
             out_dir, server_round, tensors, {"run_config": to_run_config(cfg), "strategy": state}
         )
-    shared = strategy.outer.tensors()
-    embeddings = {n: shared.pop(n) for n in strategy.embedding_names}
-    report.finish(strategy.history, shared, time.monotonic() - started, embeddings)
+    final = strategy.outer.tensors()
+    embeddings = {n: final.pop(n) for n in strategy.embedding_names}
+    report.finish(strategy.history, final, time.monotonic() - started, embeddings)
     return out_dir
 
 
@@ -147,19 +148,20 @@ def _build_strategy(cfg: DeptConfig, run_id: str) -> DeptStrategy:
     )
 
 
-def _body_record(strategy: DeptStrategy) -> ArrayRecord:
-    return ArrayRecord(strategy.outer.tensors())
-
-
-def _train(grid: Grid, strategy: DeptStrategy, cfg: DeptConfig, server_round: int) -> None:
-    messages = strategy.configure_train(server_round, _body_record(strategy), ConfigRecord(), grid)
+def _train(
+    grid: Grid, strategy: DeptStrategy, cfg: DeptConfig, server_round: int, shared: ArrayRecord
+) -> ArrayRecord:
+    """Train one round from ``shared``; the shared tensors after it (as the strategy's
+    aggregate serialised them, or ``shared`` itself when the round changed nothing)."""
+    messages = strategy.configure_train(server_round, shared, ConfigRecord(), grid)
     replies = grid.send_and_receive(messages, timeout=cfg.round_timeout_s)
-    strategy.aggregate_train(server_round, replies)
+    updated, _ = strategy.aggregate_train(server_round, replies)
+    return updated if updated is not None else shared
 
 
-def _evaluate(grid: Grid, strategy: DeptStrategy, cfg: DeptConfig, server_round: int) -> None:
-    messages = strategy.configure_evaluate(
-        server_round, _body_record(strategy), ConfigRecord(), grid
-    )
+def _evaluate(
+    grid: Grid, strategy: DeptStrategy, cfg: DeptConfig, server_round: int, shared: ArrayRecord
+) -> None:
+    messages = strategy.configure_evaluate(server_round, shared, ConfigRecord(), grid)
     replies = grid.send_and_receive(messages, timeout=cfg.round_timeout_s)
     strategy.aggregate_evaluate(server_round, replies)
