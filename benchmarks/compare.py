@@ -98,15 +98,20 @@ def run_plan(plan: Plan) -> dict[str, Any]:
     return result
 
 
-def _run_federated(plan: Plan) -> dict[str, Any]:
+def federate_in_process(run_config: dict[str, Any]) -> Path:
+    """Run the real ServerApp and ClientApp code in this process, one node per source;
+    returns the output folder."""
     from client_app.app import app as client_app
     from server_app.federation import run_federation
     from server_app.local_grid import LocalGrid
 
-    cfg = load_config(plan.run_config)
-    count = len(run_sources(cfg))
+    count = len(run_sources(load_config(run_config)))
     nodes = [{"partition-id": i, "num-partitions": count} for i in range(count)]
-    out = run_federation(LocalGrid(client_app, nodes, plan.run_config), plan.run_config)
+    return run_federation(LocalGrid(client_app, nodes, run_config), run_config)
+
+
+def _run_federated(plan: Plan) -> dict[str, Any]:
+    out = federate_in_process(plan.run_config)
     summary = json.loads((out / "summary.json").read_text())
     rounds = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     comm = summary["comm"]

@@ -26,10 +26,11 @@ if __package__ in (None, ""):  # run as a script: make the checkout's packages i
 import yaml
 from safetensors.torch import load_file
 
+from benchmarks.compare import federate_in_process
 from dept.baselines import BaselineRun, run_standard
 from dept.config import DeptConfig, kebab, load_config, resolve_path, to_run_config
 from dept.data import load_source_text
-from dept.sources import SourceSpec, check_source_paths, load_sources, run_sources
+from dept.sources import SourceSpec, check_source_paths, load_sources
 from dept.workspace import own_tokenizer
 from server_app.report import dumps
 
@@ -42,14 +43,7 @@ def write_sources(path: Path, specs: list[SourceSpec]) -> None:
 
 
 def pretrain_dept(cfg: DeptConfig) -> dict:
-    from client_app.app import app as client_app
-    from server_app.federation import run_federation
-    from server_app.local_grid import LocalGrid
-
-    count = len(run_sources(cfg))
-    nodes = [{"partition-id": i, "num-partitions": count} for i in range(count)]
-    config = to_run_config(cfg)
-    out = run_federation(LocalGrid(client_app, nodes, config), config)
+    out = federate_in_process(to_run_config(cfg))
     return load_file(str(out / "body.safetensors"))
 
 
