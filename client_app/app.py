@@ -1,7 +1,8 @@
 """Thin Flower handlers: unpack the Message, call :class:`dept.source_client.SourceClient`, reply.
 
 ``arrays`` in a train or evaluate message hold θ, plus φ for GLOB and φ's V_k rows for
-TRIM; a train reply holds their pseudo-gradients (and, for TRIM, the ids of the rows).
+TRIM (float32); a train reply holds their pseudo-gradients, encoded as ``compression`` says
+(:mod:`dept.compression`), and for TRIM the ids of the rows.
 
 A failure (bad node config, unreadable data, NaN loss) becomes an error reply whose reason
 names the source and the problem, so it reaches the server log and the round goes on.
@@ -130,7 +131,7 @@ def train(msg: Message, context: Context) -> Message:
             int(config[keys.SERVER_ROUND]),  # type: ignore[arg-type]
             _attempt(config),
         )
-        arrays = ArrayRecord(result.delta)
+        arrays = ArrayRecord(result.payload)  # compressed as configured; ids stay int32
         if client.shared_ids is not None:
             arrays[keys.EMBEDDING_IDS] = Array(client.shared_ids.astype(np.int32))
         metrics = MetricRecord(

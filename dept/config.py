@@ -23,6 +23,7 @@ from omegaconf.errors import OmegaConfBaseException
 VARIANTS = ("glob", "trim", "spec", "spec-opt")
 OUTER_OPTIMIZERS = ("fedavg", "nesterov", "fedadam")
 DEVICES = ("auto", "cpu", "cuda", "mps")
+COMPRESSIONS = ("none", "fp16", "int8")  # of the pseudo-gradients sent up (dept.compression)
 BASE_DIR_ENV = "DEPT_HOME"
 T = TypeVar("T")
 
@@ -62,6 +63,8 @@ class DeptConfig:
     outer_optimizer: str = "fedavg"
     outer_lr: float = 1.0
     outer_momentum: float = 0.9
+    compression: str = "none"
+    compression_error_feedback: bool = True
     fraction_train: float = 1.0
     min_train_nodes: int = 1
     fraction_evaluate: float = 1.0
@@ -85,6 +88,7 @@ class DeptConfig:
         _check_choice("model", self.model, tuple(PRESETS))
         _check_choice("outer-optimizer", self.outer_optimizer, OUTER_OPTIMIZERS)
         _check_choice("device", self.device, DEVICES)
+        _check_choice("compression", self.compression, COMPRESSIONS)
         for name in (
             "num_server_rounds",
             "local_steps",

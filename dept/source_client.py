@@ -2,7 +2,8 @@
 
 This is the whole client side of a round, free of Flower: take θ from the server, attach the
 embeddings, train N local steps on the source's stream from where the last round stopped,
-store what stays on the node, and return the pseudo-gradient of what is shared.
+store what stays on the node, and return the pseudo-gradient of what is shared, encoded
+for the trip up (``compression``; with error feedback, what the last message lost is added).
 
 Where the embeddings come from, by variant:
 
@@ -24,6 +25,7 @@ import numpy as np
 import torch
 from transformers import PreTrainedModel
 
+from dept.compression import compress_with_feedback, encode
 from dept.config import DeptConfig
 from dept.data import (
     StreamPosition,
@@ -60,6 +62,7 @@ log = logging.getLogger(__name__)
 @dataclass
 class RoundResult:
     delta: dict[str, torch.Tensor]  # θ_global − θ_local, float32 on CPU
+    payload: dict[str, torch.Tensor]  # what is sent for it, as compression-encoded
     stats: TrainStats
 
 
@@ -205,6 +208,7 @@ class SourceClient:
             **{k: p[: self._shared_rows()] for k, p in embeddings.items()},
         }
         delta = {name: arrays[name].float() - local[name].detach().cpu() for name in arrays}
+        payload, residual = self._payload(delta, state)
         self.ws.save_state(
             server_round,
             SourceState(
@@ -214,9 +218,20 @@ class SourceClient:
                 position,
                 self.tokenizer_digest,
                 attempt.id if attempt else "",
+                residual,
             ),
         )
-        return RoundResult(delta, stats)
+        return RoundResult(delta, payload, stats)
+
+    def _payload(
+        self, delta: dict[str, torch.Tensor], state: SourceState | None
+    ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+        """(what travels for ``delta``, what it loses and the next round adds back). The
+        residual is saved with the round's state, so a re-run round sends the same bytes."""
+        kind = self.cfg.compression
+        if kind == "none" or not self.cfg.compression_error_feedback:
+            return encode(delta, kind), {}
+        return compress_with_feedback(delta, state.residual if state is not None else {}, kind)
 
     def evaluate(
         self, arrays: dict[str, torch.Tensor], server_round: int, attempt: Attempt | None = None

@@ -9,6 +9,8 @@ Layout under the node's state root (``state-dir``)::
     runs/<run-id>/<source>/round-0007/              the source's state after training round 7:
         embeddings.safetensors                      φ_k rows the node owns (not GLOB)
         optimizer.pt                                inner AdamW state (weights_only load)
+        residual.safetensors                        what its compressed update lost (error
+                                                    feedback), added to its next update
         progress.json                               where the training stream stands, and
                                                     the tokenizer the embeddings belong to
 
@@ -27,7 +29,7 @@ import os
 import shutil
 import zlib
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +44,7 @@ from dept.vocab import ensure_tokenizer
 
 EMBEDDINGS_FILE = "embeddings.safetensors"
 OPTIMIZER_FILE = "optimizer.pt"
+RESIDUAL_FILE = "residual.safetensors"
 PROGRESS_FILE = "progress.json"
 PRUNED_FILE = "pruned.json"  # the newest round whose state was deleted to save space
 VOCAB_IDS_FILE = "vocab_ids.npy"
@@ -96,6 +99,7 @@ class Workspace:
 
     def _read(self, folder: Path, server_round: int, progress: dict[str, Any]) -> SourceState:
         embeddings, optimizer = folder / EMBEDDINGS_FILE, folder / OPTIMIZER_FILE
+        residual = folder / RESIDUAL_FILE
         return SourceState(
             server_round=server_round,
             embeddings=load_file(str(embeddings)) if embeddings.is_file() else {},
@@ -107,6 +111,7 @@ class Workspace:
             position=StreamPosition(**progress["position"]),
             tokenizer=progress["tokenizer"],
             attempt=progress.get("attempt", ""),
+            residual=load_file(str(residual)) if residual.is_file() else {},
         )
 
     def save_state(self, server_round: int, state: SourceState) -> None:
@@ -114,11 +119,11 @@ class Workspace:
         tmp = self.dir / f".tmp-round-{server_round:04d}"
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
-        if state.embeddings:
-            save_file(
-                {k: v.detach().cpu().contiguous() for k, v in state.embeddings.items()},
-                str(tmp / EMBEDDINGS_FILE),
-            )
+        for tensors, name in ((state.embeddings, EMBEDDINGS_FILE), (state.residual, RESIDUAL_FILE)):
+            if tensors:
+                save_file(
+                    {k: v.detach().cpu().contiguous() for k, v in tensors.items()}, str(tmp / name)
+                )
         if state.optimizer is not None:
             torch.save(state.optimizer, tmp / OPTIMIZER_FILE)
         progress = {
@@ -171,6 +176,8 @@ class SourceState:
     position: StreamPosition
     tokenizer: str  # digest of the tokenizer φ_k was trained for
     attempt: str = ""  # the server attempt (start or resume) whose round wrote it
+    # what the round's compressed update lost, added to the next one (error feedback)
+    residual: dict[str, torch.Tensor] = field(default_factory=dict)
 
 
 def replace_dir(tmp: Path, final: Path) -> None:

@@ -22,6 +22,7 @@ VOCABULARY = "vocabulary"
 
 # Array keys besides θ's parameter names (``input``/``output`` are φ, GLOB and TRIM)
 EMBEDDING_IDS = "embedding-ids"  # TRIM: the global φ rows (V_k) a source holds, int32
+# compression int8: "<name>@scale" beside each tensor's codes (dept.compression.SCALE_SUFFIX)
 
 # ConfigRecord keys, client -> server (``info`` of a query reply)
 SOURCES = "sources"  # the source names a node serves

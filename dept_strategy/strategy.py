@@ -2,8 +2,9 @@
 
 Round t: sample sources (found through :mod:`dept_strategy.discovery`), send each source's
 node the shared tensors with the round's global step, receive pseudo-gradients
-Δ_k = shared_{t-1} − shared_k weighted by tokens trained, check each one, average them as
-they come (:mod:`dept_strategy.aggregate`), and take the outer optimizer step.
+Δ_k = shared_{t-1} − shared_k weighted by tokens trained, check and decode each one
+(float32, fp16 or int8: ``compression``), average them as they come
+(:mod:`dept_strategy.aggregate`), and take the outer optimizer step.
 
 What is shared, by variant:
 
@@ -36,6 +37,7 @@ from flwr.app import (
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
+from dept.config import COMPRESSIONS
 from dept_strategy import keys
 from dept_strategy.aggregate import RoundMean
 from dept_strategy.discovery import SourceDirectory
@@ -75,15 +77,20 @@ class DeptStrategy(Strategy):
         seed: int = 0,
         embedding_names: tuple[str, ...] = (),
         trim: bool = False,
+        compression: str = "none",
     ) -> None:
         """``embedding_names``: the φ tensors among the outer optimizer's (GLOB, TRIM);
-        ``trim``: send each source only its V_k rows of them."""
+        ``trim``: send each source only its V_k rows of them; ``compression``: how the
+        clients encode their pseudo-gradients (what goes down stays float32)."""
         if not 0 < fraction_train <= 1:
             raise ValueError(f"fraction_train must be in (0, 1], got {fraction_train}")
         if not 0 <= fraction_evaluate <= 1:
             raise ValueError(f"fraction_evaluate must be in [0, 1], got {fraction_evaluate}")
         if local_steps < 1:
             raise ValueError(f"local_steps must be >= 1, got {local_steps}")
+        if compression not in COMPRESSIONS:
+            raise ValueError(f"compression must be one of {COMPRESSIONS}, got {compression!r}")
+        self.compression = compression
         self.outer = outer
         self.local_steps = local_steps
         self.run_id = run_id
@@ -153,13 +160,14 @@ class DeptStrategy(Strategy):
             shared = "θ + φ rows in V_k" if self.vocabularies else "θ + the whole φ"
         log.info(
             "DEPT strategy: outer %s, fraction-train %.2f (min %d), %d local steps, "
-            "body %d parameters, sends %s",
+            "body %d parameters, sends %s, updates come back %s",
             self.outer.kind,
             self.fraction_train,
             self.min_train_nodes,
             self.local_steps,
             self.history.body_params,
             shared,
+            "float32" if self.compression == "none" else f"as {self.compression}",
         )
 
     def global_step(self, server_round: int) -> int:
@@ -314,7 +322,7 @@ class DeptStrategy(Strategy):
             self._check_source(reply, target)
             shapes, rows = self._expected(target.source)
             delta, weight = check_train_reply(
-                reply.content, shapes, self.max_tokens_per_round, rows
+                reply.content, shapes, self.max_tokens_per_round, rows, self.compression
             )
         except RejectedReply as exc:
             self._record_rejected(server_round, target, exc)

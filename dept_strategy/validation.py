@@ -1,12 +1,17 @@
-"""Checks on a training reply before it may touch the body; a bad reply is dropped, not fatal."""
+"""Checks on a training reply before it may touch the body; a bad reply is dropped, not fatal.
+
+A reply's pseudo-gradient is decoded here (``compression``), so aggregation only ever sees
+float32 tensors of the shapes that were sent."""
 
 from __future__ import annotations
 
 import math
 
 import numpy as np
+import torch
 from flwr.app import ArrayRecord, MetricRecord, RecordDict
 
+from dept.compression import CompressionError, decode, payload_keys
 from dept_strategy import keys
 
 
@@ -40,13 +45,15 @@ def check_train_reply(
     shapes: dict[str, tuple[int, ...]],
     max_weight: float,
     row_ids: np.ndarray | None = None,
+    compression: str = "none",
 ) -> tuple[dict[str, np.ndarray], float]:
-    """The reply's pseudo-gradient (keyed like what was sent) and its weight, or
-    :class:`RejectedReply`.
+    """The reply's pseudo-gradient (keyed like what was sent, decoded to float32) and its
+    weight, or :class:`RejectedReply`.
 
     The weight is tokens trained, so it cannot exceed what the round's local steps can
     consume (``max_weight``): a larger claim would let one client outweigh all others.
     ``row_ids`` (TRIM) are the φ rows the source was sent; the reply must name the same.
+    ``compression`` is how every client encodes its Δ (:mod:`dept.compression`).
     """
     arrays = content.array_records.get(keys.ARRAYS)
     metrics = content.metric_records.get(keys.METRICS)
@@ -61,7 +68,7 @@ def check_train_reply(
         if not np.array_equal(_read(arrays, keys.EMBEDDING_IDS), row_ids):
             raise RejectedReply(f"'{keys.EMBEDDING_IDS}' differ from the rows it was sent")
         arrays = ArrayRecord({k: v for k, v in arrays.items() if k != keys.EMBEDDING_IDS})
-    return _check_arrays(arrays, shapes), weight
+    return _decode(arrays, shapes, compression), weight
 
 
 def check_vocabulary(content: RecordDict, num_rows: int) -> np.ndarray:
@@ -92,21 +99,26 @@ def finite_metric(metrics: MetricRecord, key: str) -> float:
     return float(value)
 
 
-def _check_arrays(arrays: ArrayRecord, shapes: dict[str, tuple[int, ...]]) -> dict[str, np.ndarray]:
-    missing = sorted(shapes.keys() - arrays.keys())
-    extra = sorted(arrays.keys() - shapes.keys())
+def _decode(
+    arrays: ArrayRecord, shapes: dict[str, tuple[int, ...]], compression: str
+) -> dict[str, np.ndarray]:
+    expected = payload_keys(set(shapes), compression)
+    missing, extra = sorted(expected - arrays.keys()), sorted(arrays.keys() - expected)
     if missing or extra:
         raise RejectedReply(
             f"keys differ from what was sent: missing {missing[:3]}, unexpected {extra[:3]}"
         )
-    delta = {}
-    for name, shape in shapes.items():
-        value = _read(arrays, name)
-        if tuple(value.shape) != shape:
-            raise RejectedReply(f"'{name}' has shape {tuple(value.shape)}, expected {shape}")
-        if value.dtype != np.float32:
-            raise RejectedReply(f"'{name}' has dtype {value.dtype}, expected float32")
-        if not np.isfinite(value).all():
-            raise RejectedReply(f"'{name}' holds NaN or infinite values")
-        delta[name] = value
-    return delta
+    received = {name: _tensor(arrays, name) for name in expected}
+    try:
+        delta = decode(received, shapes, compression)
+    except CompressionError as exc:
+        raise RejectedReply(f"{compression} payload: {exc}") from exc
+    return {name: value.numpy() for name, value in delta.items()}
+
+
+def _tensor(arrays: ArrayRecord, name: str) -> torch.Tensor:
+    value = _read(arrays, name)
+    try:
+        return torch.from_numpy(value)  # shares the memory Flower decoded into
+    except (TypeError, ValueError) as exc:  # a dtype or byte order torch has no tensor for
+        raise RejectedReply(f"'{name}' has unsupported dtype {value.dtype}: {exc}") from exc

@@ -134,6 +134,7 @@ def _build_strategy(cfg: DeptConfig, run_id: str) -> DeptStrategy:
         outer=outer,
         embedding_names=embedding_names,
         trim=cfg.variant == "trim",
+        compression=cfg.compression,
         local_steps=cfg.local_steps,
         run_id=run_id,
         fraction_train=cfg.fraction_train,

@@ -130,11 +130,15 @@ def _synthetic_sources(tmp_path: Path) -> Path:
     return path
 
 
-def _shared_run(tmp_path: Path, variant: str) -> tuple[dict, RecordingGrid]:
+def _shared_run(tmp_path: Path, variant: str, **overrides: object) -> tuple[dict, RecordingGrid]:
     run_config = debug_run_config(
         tmp_path / variant,
         variant=variant,
-        **{"sources-file": str(_synthetic_sources(tmp_path)), "global-vocab-size": 600},
+        **{
+            "sources-file": str(_synthetic_sources(tmp_path)),
+            "global-vocab-size": 600,
+            **overrides,
+        },
     )
     nodes = [{"partition-id": i, "num-partitions": 2} for i in range(2)]
     grid = RecordingGrid(client_app, nodes, run_config)
@@ -159,6 +163,23 @@ def test_glob_and_trim_share_embeddings_and_trim_sends_fewer_rows(tmp_path: Path
     assert trim["comm"]["bytes_up"] < glob["comm"]["bytes_up"]
     trimmed = load_file(str(tmp_path / "trim" / "out" / "embeddings.safetensors"))["input"]
     assert trimmed.shape[0] == 600, "the server keeps the whole global φ"
+
+
+def test_int8_updates_learn_with_a_quarter_of_the_bytes_up(tmp_path: Path) -> None:
+    # TRIM: θ and the V_k rows of φ are compressed, the row ids travel as int32
+    variant = "trim"
+    summary, _ = _shared_run(tmp_path, variant, compression="int8")
+
+    assert summary["rejected_updates"] == summary["failed_replies"] == 0
+    for name, source in summary["sources"].items():
+        assert source["val_bpb"] < source["initial_val_bpb"], name
+    replies = 2 * 2  # rounds x sources
+    float32 = summary["comm"]["bytes_down"] / replies  # θ (and rows) go down as float32
+    per_reply = summary["comm"]["bytes_up"] / replies
+    assert 3.5 < float32 / per_reply < 4.0, "int8 codes + a float32 scale per 256 values"
+    [run_dir] = (tmp_path / variant / "state" / "runs").iterdir()
+    for name in summary["sources"]:
+        assert (run_dir / name / "round-0002" / "residual.safetensors").is_file(), name
 
 
 def test_a_source_with_missing_data_fails_the_start_naming_it(tmp_path: Path) -> None:

@@ -26,6 +26,8 @@ def test_defaults_round_trip(tmp_path: Path) -> None:
         ({"outer-momentum": 1.0}, "outer-momentum"),
         ({"outer-optimizer": "nesterov", "outer-momentum": 0.0}, "outer-momentum"),
         ({"seed": -1}, "seed"),
+        ({"compression": "int4"}, "'compression' is 'int4'"),
+        ({"compression-error-feedback": "maybe"}, "compression-error-feedback"),
         ({"lr": float("inf")}, "'lr' must be finite"),
         ({"warmup-steps": 16}, "warmup-steps.*never decays"),
     ],

@@ -3,6 +3,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from dept.compression import decode, encode, payload_keys
 from dept.config import load_config
 from dept.model import body_state, build_model, embedding_parameters
 from dept.source_client import SourceClient
@@ -11,8 +12,12 @@ from dept.workspace import Workspace
 from tests.helpers import debug_run_config
 
 
-def _client(tmp_path: Path, variant: str, name: str = "synth-greek") -> SourceClient:
-    cfg = load_config(debug_run_config(tmp_path, variant=variant, **{"global-vocab-size": 600}))
+def _client(
+    tmp_path: Path, variant: str, name: str = "synth-greek", **overrides: object
+) -> SourceClient:
+    cfg = load_config(
+        debug_run_config(tmp_path, variant=variant, **{"global-vocab-size": 600, **overrides})
+    )
     specs = [s for s in load_sources(None) if s.name.startswith("synth")]
     spec = next(s for s in specs if s.name == name)
     return SourceClient(cfg, spec, Workspace(tmp_path / "state", "run1", spec.name), specs)
@@ -75,3 +80,42 @@ def test_state_from_another_tokenizer_is_refused(tmp_path: Path) -> None:
     client.tokenizer_digest = "0" * 16  # as if the source's data changed mid-run
     with pytest.raises(ValueError, match="another tokenizer"):
         client.train_round(body, global_step=8, server_round=2)
+
+
+@pytest.mark.parametrize("variant", ["spec-opt", "trim"])
+def test_the_compression_residual_carries_over_a_node_restart(tmp_path: Path, variant: str) -> None:
+    client = _client(tmp_path, variant, compression="int8")
+    arrays = _shared_arrays(client)
+    shapes = {n: tuple(v.shape) for n, v in arrays.items()}
+    first = client.train_round(arrays, global_step=0, server_round=1)
+    assert first.payload.keys() == payload_keys(shapes, "int8")
+    assert all(first.payload[n].dtype == torch.int8 for n in shapes), "φ rows too (TRIM)"
+    residual = client.ws.load_state(before_round=2).residual
+    sent = decode(first.payload, shapes, "int8")
+    assert all(torch.equal(residual[n], first.delta[n] - sent[n]) for n in shapes)
+
+    restarted = _client(tmp_path, variant, compression="int8")  # a new process, same disk
+    second = restarted.train_round(arrays, global_step=8, server_round=2)
+    rerun = restarted.train_round(arrays, global_step=8, server_round=2)  # the server resumed
+    assert all(torch.equal(second.payload[k], rerun.payload[k]) for k in second.payload)
+    expected = encode({n: second.delta[n] + residual[n] for n in shapes}, "int8")
+    assert all(torch.equal(second.payload[k], expected[k]) for k in expected)
+
+
+def test_without_error_feedback_nothing_is_kept(tmp_path: Path) -> None:
+    client = _client(
+        tmp_path, "spec-opt", compression="fp16", **{"compression-error-feedback": False}
+    )
+    result = client.train_round(_shared_arrays(client), global_step=0, server_round=1)
+    assert all(v.dtype == torch.float16 for v in result.payload.values())
+    assert client.ws.load_state(before_round=2).residual == {}
+
+
+def _shared_arrays(client: SourceClient) -> dict[str, torch.Tensor]:
+    """What the server would send ``client``: θ, plus φ's V_k rows for TRIM."""
+    model = build_model("debug", 600, 64, seed=0)
+    arrays = body_state(model)
+    if client.shared_ids is not None:
+        rows = torch.from_numpy(client.shared_ids.astype("int64"))
+        arrays.update({n: p.detach()[rows] for n, p in embedding_parameters(model).items()})
+    return arrays

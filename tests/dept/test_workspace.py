@@ -1,12 +1,13 @@
 """A source's per-round state: kept, pruned, and dropped when a crashed attempt left it."""
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import torch
 
 from dept.data import StreamPosition
-from dept.workspace import KEEP_ROUNDS, Attempt, SourceState, Workspace
+from dept.workspace import KEEP_ROUNDS, RESIDUAL_FILE, Attempt, SourceState, Workspace
 
 
 def _state(server_round: int, attempt: str = "a") -> SourceState:
@@ -49,3 +50,16 @@ def test_state_a_crashed_attempt_left_beyond_the_resume_point_is_dropped(
     ws.save_state(3, _state(3, attempt="second"))  # the re-run of round 3
     again = ws.load_state(before_round=4, attempt=second)
     assert again is not None and again.server_round == 3 and again.attempt == "second"
+
+
+def test_a_residual_is_kept_with_its_round_and_absent_without_one(tmp_path: Path) -> None:
+    ws = Workspace(tmp_path, "run", "src")
+    residual = {"model.norm.weight": torch.linspace(-1, 1, 5)}
+    ws.save_state(1, _state(1))
+    ws.save_state(2, replace(_state(2), residual=residual))
+    assert (ws.dir / "round-0002" / RESIDUAL_FILE).is_file()
+    restarted = Workspace(tmp_path, "run", "src").load_state(before_round=3)  # a new process
+    assert restarted is not None
+    assert torch.equal(restarted.residual["model.norm.weight"], residual["model.norm.weight"])
+    before = ws.load_state(before_round=2)
+    assert before is not None and before.residual == {}

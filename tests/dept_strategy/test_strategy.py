@@ -7,6 +7,7 @@ import pytest
 import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, Error, Message, MetricRecord, RecordDict
 
+from dept.compression import SCALE_SUFFIX, encode
 from dept_strategy import keys
 from dept_strategy.discovery import NotEnoughNodes
 from dept_strategy.outer import OuterOptimizer
@@ -320,3 +321,37 @@ def test_trim_asks_each_vocabulary_once_and_sends_only_those_rows() -> None:
             assert np.array_equal(phi, PHI.numpy()[vocab[source]])
     assert sorted(asked) == ["x", "y"], "V_k is asked once per source"
     assert strategy.history.comm.bytes_down == sent < 2 * 2 * shared.count_bytes()
+
+
+def test_compressed_replies_are_decoded_and_malformed_ones_rejected() -> None:
+    # Prepare: Δ = 1 for "a", 2 for "b", sent as int8 codes with their block scales
+    grid = LocalGrid(None, [{}] * 6, {})
+    strategy = _strategy(compression="int8")
+    delta = {"a": torch.full((2, 3), 1.0), "b": torch.full((4,), 2.0)}
+    good = encode(delta, "int8")
+    scale = "a" + SCALE_SUFFIX
+    replies = [
+        _reply(grid, 1, good, 1, "good"),
+        _reply(grid, 2, {k: v for k, v in good.items() if k != scale}, 1, "no-scale"),
+        _reply(grid, 3, {**good, "a": good["a"].float()}, 1, "float-codes"),
+        _reply(grid, 4, {**good, scale: torch.tensor([float("nan")])}, 1, "nan-scale"),
+        _reply(grid, 5, {**good, scale: torch.ones(2)}, 1, "two-scales"),
+        _reply(grid, 6, delta, 1, "uncompressed"),
+    ]
+    # Execute
+    arrays, _ = strategy.aggregate_train(1, replies)
+    # Assert
+    assert arrays is not None
+    assert np.allclose(arrays["a"].numpy(), BODY["a"].numpy() - 1.0)
+    assert np.allclose(arrays["b"].numpy(), BODY["b"].numpy() - 2.0)
+    record = strategy.history.rounds[1]
+    assert list(record.train) == ["good"]
+    reasons = {r["source"]: r["reason"] for r in record.rejected}
+    assert "missing ['a@scale']" in reasons["no-scale"]
+    assert "'a' has dtype float32, expected int8" in reasons["float-codes"]
+    assert "finite scales" in reasons["nan-scale"]
+    assert "'a@scale' has shape (2,), expected (1,)" in reasons["two-scales"]
+    assert "missing ['a@scale', 'b@scale']" in reasons["uncompressed"]
+    assert record.train["good"]["bytes_up"] == replies[0].content[keys.ARRAYS].count_bytes()
+    with pytest.raises(ValueError, match="compression"):
+        _strategy(compression="int4")
