@@ -1,0 +1,259 @@
+"""Pseudo-gradient compression: bytes sent up against bits per byte, on the same run.
+
+    python benchmarks/compression.py
+
+runs one federation per setting — compression ``none``, ``fp16``, ``int8`` and ``int8``
+without error feedback — with everything else equal (sources, seed, model, schedule,
+variant), through the real ServerApp and ClientApp in process
+(:func:`benchmarks.compare.federate_in_process`), one after another in this process. Bytes
+are what the replies' ArrayRecords hold (``summary.json`` ``comm``). Writes
+``compression.md`` (the tables), ``compression.json`` (the same numbers, per round) and
+``compression.png`` (average bits per byte per round) to ``--out``. ``--quick`` is a
+seconds-long smoke run on two built-in synthetic sources with the ``debug`` model.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+if __package__ in (None, ""):  # run as a script: make the checkout's packages importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.compare import federate_in_process
+from benchmarks.cpt import write_sources
+from dept.config import DeptConfig, load_config, resolve_path, to_run_config
+from dept.sources import SourceSpec, check_source_paths, load_sources
+from server_app.report import dumps
+
+log = logging.getLogger("compression")
+SETTINGS = {  # label: (compression, error feedback)
+    "none": ("none", False),
+    "fp16": ("fp16", True),
+    "int8": ("int8", True),
+    "int8-no-ef": ("int8", False),
+}
+DEFAULT_SOURCES = "code-python,de-novels,ru-chekhov,zh-techdoc"
+QUICK_SOURCES = "synth-latin,synth-greek"
+
+
+def pick_sources(args: argparse.Namespace) -> list[SourceSpec]:
+    """The ``--sources`` (in that order) from the sources file, or the built-ins (quick)."""
+    available = {
+        s.name: s for s in load_sources(None if args.quick else resolve_path(args.sources_file))
+    }
+    names = args.sources.split(",")
+    unknown = [n for n in names if n not in available]
+    if unknown:
+        raise SystemExit(f"unknown source(s) {', '.join(unknown)}; known: {', '.join(available)}")
+    return [available[n] for n in names]
+
+
+def base_config(args: argparse.Namespace, sources_file: Path, work: Path) -> DeptConfig:
+    """The settings every run shares; only the compression keys differ between runs."""
+    return load_config(
+        {
+            "sources-file": str(sources_file),
+            "variant": args.variant,
+            "model": args.model,
+            "num-server-rounds": args.rounds,
+            "local-steps": args.local_steps,
+            "batch-size": args.batch_size,
+            "seq-len": args.seq_len,
+            "lr": args.lr,
+            "warmup-steps": min(args.warmup_steps, args.rounds * args.local_steps - 1),
+            "global-vocab-size": args.global_vocab_size,
+            "eval-bytes": args.eval_bytes,
+            "seed": args.seed,
+            "device": args.device,
+            "state-dir": str(work / "state"),
+            "wait-for-nodes-s": 60.0,
+        }
+    )
+
+
+def prepare(base: DeptConfig, specs: list[SourceSpec]) -> None:
+    """Train the tokenizers and tokenize once, so no run's wall time includes it."""
+    from dept.source_client import SourceClient
+    from dept.workspace import Workspace
+
+    root = resolve_path(base.state_dir)
+    for spec in specs:
+        log.info("preparing %s", spec.name)
+        SourceClient(base, spec, Workspace(root, "prepare", spec.name), specs)
+
+
+def run_setting(base: DeptConfig, label: str, work: Path) -> dict[str, Any]:
+    """One federation with the setting ``label``; its bytes and bits per byte."""
+    compression, feedback = SETTINGS[label]
+    out_dir = work / "runs" / label
+    shutil.rmtree(out_dir, ignore_errors=True)  # a fresh run, not a resume of an old one
+    config = {
+        **to_run_config(base),
+        "compression": compression,
+        "compression-error-feedback": feedback,
+        "output-dir": str(out_dir),
+    }
+    started = time.perf_counter()
+    out = federate_in_process(config)
+    wall_s = time.perf_counter() - started
+    summary = json.loads((out / "summary.json").read_text())
+    rounds = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    comm = summary["comm"]
+    return {
+        "setting": label,
+        "compression": compression,
+        "error_feedback": feedback,
+        "wall_s": wall_s,
+        "bytes_up": comm["bytes_up"],
+        "bytes_down": comm["bytes_down"],
+        "bytes_up_per_round": [r["bytes_up"] for r in rounds if r["round"] > 0],
+        "reduction_vs_ddp": comm["reduction_vs_ddp"],
+        "avg_val_bpb": summary["avg_val_bpb"],
+        "initial_avg_val_bpb": summary["initial_avg_val_bpb"],
+        "sources": {n: s["val_bpb"] for n, s in summary["sources"].items()},
+        "curve": [[r["round"], r["avg_val_bpb"]] for r in rounds],
+        "dropped": summary["rejected_updates"] + summary["failed_replies"],
+    }
+
+
+def markdown(results: list[dict[str, Any]], base: DeptConfig, command: str) -> str:
+    """The summary table and the per-source table, each against the ``none`` run."""
+    ref = next(r for r in results if r["setting"] == "none")
+    lines = [
+        "# Pseudo-gradient compression",
+        "",
+        f"`{command}`",
+        "",
+        f"{base.variant}, model {base.model}, {len(ref['sources'])} sources, "
+        f"{base.num_server_rounds} rounds x {base.local_steps} local steps (batch "
+        f"{base.batch_size} x {base.seq_len} tokens), lr {base.lr:g}, seed {base.seed}; every "
+        "source trains every round. Bytes up: the replies' payloads (ArrayRecord bytes); "
+        "θ goes down as float32 in every setting.",
+        "",
+        "| setting | bytes up / round | bytes up, total | x fewer than none | "
+        "reduction vs DDP (up + down) | avg val bpb | Δ bpb vs none | wall s |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in results:
+        per_round = sum(r["bytes_up_per_round"]) / max(1, len(r["bytes_up_per_round"]))
+        lines.append(
+            f"| {r['setting']} | {per_round:,.0f} | {r['bytes_up']:,} | "
+            f"{ref['bytes_up'] / r['bytes_up']:.2f} | {r['reduction_vs_ddp']:.0f} | "
+            f"{r['avg_val_bpb']:.4f} | {r['avg_val_bpb'] - ref['avg_val_bpb']:+.5f} | "
+            f"{r['wall_s']:.0f} |"
+        )
+    names = list(ref["sources"])
+    lines += [
+        "",
+        "Final validation bits per byte per source (Δ vs none in brackets):",
+        "",
+        f"| setting | {' | '.join(names)} |",
+        f"|---|{'---:|' * len(names)}",
+    ]
+    for r in results:
+        cells = [
+            f"{r['sources'][n]:.4f} ({r['sources'][n] - ref['sources'][n]:+.5f})" for n in names
+        ]
+        lines.append(f"| {r['setting']} | {' | '.join(cells)} |")
+    dropped = sum(r["dropped"] for r in results)
+    lines += ["", f"Rejected or failed replies over all runs: {dropped}.", ""]
+    return "\n".join(lines)
+
+
+def plot(results: list[dict[str, Any]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for r in results:
+        rounds, bpb = zip(*r["curve"], strict=True)
+        ax.plot(rounds, bpb, marker="o", label=f"{r['setting']} ({r['bytes_up'] / 1e6:.1f} MB up)")
+    ax.set_xlabel("round")
+    ax.set_ylabel("average validation bits per byte")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    out, work = resolve_path(args.out), resolve_path(args.work)
+    out.mkdir(parents=True, exist_ok=True)
+    work.mkdir(parents=True, exist_ok=True)
+    specs = pick_sources(args)
+    check_source_paths(specs)
+    write_sources(work / "sources.yaml", specs)
+    base = base_config(args, work / "sources.yaml", work)  # a bad value fails here
+    started = time.perf_counter()
+    prepare(base, specs)
+    results = []
+    for label in args.settings:
+        results.append(run_setting(base, label, work))
+        print(
+            f"{label}: {results[-1]['bytes_up']:,} bytes up, avg val bpb "
+            f"{results[-1]['avg_val_bpb']:.4f} ({results[-1]['wall_s']:.0f} s)",
+            flush=True,
+        )
+    command = "python benchmarks/compression.py " + " ".join(
+        argv if argv is not None else sys.argv[1:]
+    )
+    table = markdown(results, base, command.strip())
+    (out / "compression.md").write_text(table)
+    report = {"config": to_run_config(base), "wall_s": time.perf_counter() - started}
+    (out / "compression.json").write_text(dumps({**report, "runs": results}, indent=2))
+    plot(results, out / "compression.png")
+    print(table, flush=True)
+    return 0
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sources-file", default="benchmarks/corpora.yaml")
+    parser.add_argument("--sources", default=None, help=f"comma-separated ({DEFAULT_SOURCES})")
+    parser.add_argument("--variant", default="spec-opt")
+    parser.add_argument("--model", default="tiny")
+    parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument("--local-steps", type=int, default=40)
+    parser.add_argument("--batch-size", type=int, default=4)
+    parser.add_argument("--seq-len", type=int, default=64)
+    parser.add_argument("--lr", type=float, default=4e-3)
+    parser.add_argument("--warmup-steps", type=int, default=10)
+    parser.add_argument("--global-vocab-size", type=int, default=4096)
+    parser.add_argument("--eval-bytes", type=int, default=12288)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--device", default="auto")
+    parser.add_argument(
+        "--settings",
+        type=lambda s: s.split(","),
+        default=list(SETTINGS),
+        help=f"comma-separated subset of {','.join(SETTINGS)} (none is the reference)",
+    )
+    parser.add_argument("--out", default="benchmarks/results/compression")
+    parser.add_argument("--work", default="outputs/compression", help="runs and node state")
+    parser.add_argument(
+        "--quick", action="store_true", help="debug model, 2 synthetic sources, 2 short rounds"
+    )
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.model, args.rounds, args.local_steps, args.eval_bytes = "debug", 2, 4, 4096
+        args.global_vocab_size, args.warmup_steps = 600, 2
+    args.sources = args.sources or (QUICK_SOURCES if args.quick else DEFAULT_SOURCES)
+    unknown = sorted(set(args.settings) - set(SETTINGS))
+    if unknown or "none" not in args.settings:
+        parser.error(f"--settings must include none and come from {', '.join(SETTINGS)}")
+    return args
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

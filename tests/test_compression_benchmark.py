@@ -1,0 +1,28 @@
+"""benchmarks/compression.py --quick: every setting runs, and the table shows the savings."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from benchmarks import compression
+
+
+def test_quick_run_compares_every_setting_against_none(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+
+    compression.main(["--quick", "--out", str(out), "--work", str(tmp_path / "work")])
+
+    report = json.loads((out / "compression.json").read_text())
+    runs = {r["setting"]: r for r in report["runs"]}
+    assert list(runs) == list(compression.SETTINGS)
+    none = runs["none"]["bytes_up"]
+    assert 1.9 < none / runs["fp16"]["bytes_up"] < 2.0
+    assert 3.5 < none / runs["int8"]["bytes_up"] < 4.0
+    assert runs["int8"]["bytes_up"] == runs["int8-no-ef"]["bytes_up"]
+    for run in runs.values():
+        assert run["dropped"] == 0 and run["avg_val_bpb"] < run["initial_avg_val_bpb"]
+        assert len(run["bytes_up_per_round"]) == 2
+    table = (out / "compression.md").read_text()
+    assert "| int8-no-ef |" in table and "python benchmarks/compression.py --quick" in table
+    assert (out / "compression.png").stat().st_size > 0
