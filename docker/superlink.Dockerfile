@@ -1,0 +1,12 @@
+# SuperLink: the federation's coordinator. It never runs project code (the ServerApp runs
+# in the SuperExec container, "--isolation process"), so Flower's own image is all it needs;
+# the tag is pinned to the flwr version pyproject.toml requires.
+ARG FLWR_VERSION=1.42.0
+FROM flwr/superlink:${FLWR_VERSION}
+
+# State (runs, registered SuperNode keys) lives in /app/state: mount a volume there so a
+# restarted SuperLink keeps it.
+WORKDIR /app
+VOLUME ["/app/state"]
+EXPOSE 8000
+ENTRYPOINT ["flower-superlink", "--isolation", "process", "--database", "/app/state/superlink.db", "--disable-runtime-dependency-installation"]
