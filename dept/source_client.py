@@ -138,6 +138,9 @@ class SourceClient:
         own: dict[str, torch.Tensor] = {}
         if self.cfg.variant != "glob":
             own = state.embeddings if state is not None else self._initial_embeddings(embeddings)
+            # In the node's log: did a returning node find its embeddings?
+            origin = f"from the state of round {state.server_round}" if state else "fresh"
+            log.info("%s: embeddings %s (%s)", self.spec.name, origin, self.ws.dir)
         shared = self._shared_rows()
         with torch.no_grad():
             for name, param in embeddings.items():
