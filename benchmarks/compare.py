@@ -28,7 +28,7 @@ from concurrent.futures import Future, ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 from multiprocessing import get_context
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 if __package__ in (None, ""):  # run as a script: make the checkout's packages importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -37,6 +37,9 @@ from benchmarks.comparison_report import average_bpb, best_per_method, write_rep
 from dept.config import DeptConfig, load_config, resolve_path, to_run_config
 from dept.sources import check_source_paths, run_sources
 from server_app.report import dumps
+
+if TYPE_CHECKING:
+    from server_app.local_grid import LocalGrid
 
 log = logging.getLogger("compare")
 FEDERATED = ("glob", "trim", "spec", "spec-opt")
@@ -98,16 +101,25 @@ def run_plan(plan: Plan) -> dict[str, Any]:
     return result
 
 
-def federate_in_process(run_config: dict[str, Any]) -> Path:
+def federate_in_process(run_config: dict[str, Any], grid: LocalGrid | None = None) -> Path:
     """Run the real ServerApp and ClientApp code in this process, one node per source;
-    returns the output folder."""
-    from client_app.app import app as client_app
+    returns the output folder. ``grid``: one made by :func:`in_process_grid` (e.g. a
+    subclass that measures), else a plain one."""
     from server_app.federation import run_federation
+
+    return run_federation(grid or in_process_grid(run_config), run_config)
+
+
+def in_process_grid(
+    run_config: dict[str, Any], grid_type: type[LocalGrid] | None = None, **kwargs: Any
+) -> LocalGrid:
+    """A grid of one in-process node per source of ``run_config``, serving the real ClientApp."""
+    from client_app.app import app as client_app
     from server_app.local_grid import LocalGrid
 
     count = len(run_sources(load_config(run_config)))
     nodes = [{"partition-id": i, "num-partitions": count} for i in range(count)]
-    return run_federation(LocalGrid(client_app, nodes, run_config), run_config)
+    return (grid_type or LocalGrid)(client_app, nodes, run_config, **kwargs)
 
 
 def _run_federated(plan: Plan) -> dict[str, Any]:
