@@ -1,0 +1,175 @@
+"""How well does a client's training use a GPU? Tokens/s and model FLOPs utilisation (MFU).
+
+    python benchmarks/gpu_training.py                # 125m, bf16, fused AdamW, flash SDPA
+    python benchmarks/gpu_training.py --compile      # the same under torch.compile
+
+Trains the project's model (``dept.model.build_model``) with the client's own pieces:
+``make_inner_optimizer`` (fused AdamW on CUDA), ``autocast`` (bf16 on CUDA) and
+``next_token_loss``, on random tokens (speed does not depend on the text), with attention
+forced to the flash kernel of SDPA on CUDA (it fails loudly where flash cannot run).
+
+MFU = tokens/s x FLOPs per token / peak FLOPs, with FLOPs per token = 6 N (N: parameters,
+the tied embedding counted once as the LM head's matmul) + 12 L h T (attention scores and
+values over a T-token context, forward and backward; PaLM, appendix B). Peak: dense bf16 of
+the device (H100/H200 989 TFLOPs, A100 312) or ``--peak-tflops``. On a machine without a GPU
+it runs (``--device cpu`` with a small preset, for tests) and says so; MFU is then only
+given against a ``--peak-tflops`` you supply.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+if __package__ in (None, ""):  # run as a script: make the checkout's packages importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch
+
+from benchmarks.measure import print_table, result_header, write_outputs
+from dept.config import load_config
+from dept.model import PRESETS, build_model
+from dept.train import autocast, make_inner_optimizer, next_token_loss, resolve_device
+
+PEAK_BF16_TFLOPS = {"H100": 989.0, "H200": 989.0, "GH200": 989.0, "A100": 312.0}
+
+
+def peak_tflops(device: torch.device, given: float | None) -> float | None:
+    """``given``, else the dense bf16 peak of a known CUDA device, else None."""
+    if given is not None or device.type != "cuda":
+        return given
+    name = torch.cuda.get_device_name(device)
+    return next((peak for key, peak in PEAK_BF16_TFLOPS.items() if key in name), None)
+
+
+def flops_per_token(params: int, preset: str, seq_len: int) -> float:
+    spec = PRESETS[preset]
+    return 6.0 * params + 12.0 * spec.num_layers * spec.hidden_size * seq_len
+
+
+def attention_kernel(device: torch.device) -> contextlib.AbstractContextManager:
+    """Flash attention only, on CUDA; whatever SDPA picks elsewhere."""
+    if device.type != "cuda":
+        return contextlib.nullcontext()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    return sdpa_kernel([SDPBackend.FLASH_ATTENTION])
+
+
+def train(args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
+    """Warm-up steps (compilation, allocator), then timed steps; tokens/s of the latter."""
+    cfg = load_config({"model": args.model, "seq-len": args.seq_len, "batch-size": args.batch_size})
+    model = build_model(args.model, args.vocab_size, args.seq_len, seed=0)
+    model.to(device)  # type: ignore[arg-type]  # HF's .to is typed for dtypes only
+    params = sum(p.numel() for p in model.parameters())
+    optimizer = make_inner_optimizer(model, cfg)
+    step_model = torch.compile(model) if args.compile else model
+    generator = torch.Generator().manual_seed(0)
+    batches = [
+        torch.randint(args.vocab_size, (args.batch_size, args.seq_len + 1), generator=generator).to(
+            device
+        )
+        for _ in range(4)
+    ]
+
+    def step(batch: torch.Tensor) -> None:
+        with autocast(device), attention_kernel(device):
+            loss = next_token_loss(step_model, batch)  # type: ignore[arg-type]
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    model.train()
+    started = time.perf_counter()
+    for i in range(args.warmup):
+        step(batches[i % len(batches)])
+    synchronize(device)
+    warmup_s = time.perf_counter() - started
+    started = time.perf_counter()
+    for i in range(args.steps):
+        step(batches[i % len(batches)])
+    synchronize(device)
+    seconds = time.perf_counter() - started
+    tokens = args.steps * args.batch_size * args.seq_len
+    memory = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
+    return {
+        "params": params,
+        "tokens": tokens,
+        "seconds": seconds,
+        "warmup_s": warmup_s,
+        "tokens_per_s": tokens / seconds,
+        "max_memory_allocated": memory,
+    }
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    device = resolve_device(args.device)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if device.type != "cuda":
+        print(f"NO GPU USED: this run trains on {device.type}; its numbers say nothing about a GPU")
+    run = train(args, device)
+    flops = flops_per_token(run["params"], args.model, args.seq_len)
+    peak = peak_tflops(device, args.peak_tflops)
+    achieved = run["tokens_per_s"] * flops / 1e12
+    mfu = achieved / peak if peak else None
+    print_table(
+        f"training throughput: {args.model} on {device.type}"
+        f"{' (' + torch.cuda.get_device_name(device) + ')' if device.type == 'cuda' else ''}, "
+        f"batch {args.batch_size} x {args.seq_len}, {args.steps} timed steps, "
+        f"{'compiled' if args.compile else 'eager'}, "
+        f"{'bf16 autocast, fused AdamW, flash SDPA' if device.type == 'cuda' else 'float32'}",
+        ["params", "tokens/s", "TFLOPs/s achieved", "peak TFLOPs", "MFU"],
+        [
+            (
+                f"{run['params'] / 1e6:.1f}M",
+                run["tokens_per_s"],
+                achieved,
+                peak if peak else "unknown",
+                f"{mfu:.1%}" if mfu is not None else "—",
+            )
+        ],
+    )
+    result = {
+        **result_header("gpu_training", args, None),
+        "device": str(device),
+        "gpu_used": device.type == "cuda",
+        "flops_per_token": flops,
+        "achieved_tflops": achieved,
+        "peak_tflops": peak,
+        "mfu": mfu,
+        **run,
+    }
+    write_outputs(args.out, "gpu_training", result, [run])
+    return 0
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="125m", choices=sorted(PRESETS))
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--seq-len", type=int, default=1024)
+    parser.add_argument("--vocab-size", type=int, default=32768)
+    parser.add_argument("--steps", type=int, default=50, help="timed steps")
+    parser.add_argument("--warmup", type=int, default=10, help="untimed steps first")
+    parser.add_argument("--compile", action="store_true", help="torch.compile the model")
+    parser.add_argument("--device", default="auto", help="auto, cuda, cpu, mps")
+    parser.add_argument("--peak-tflops", type=float, default=None, help="the device's peak")
+    parser.add_argument("--threads", type=int, default=0, help="CPU threads (0: torch's)")
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/results/gpu-training"))
+    return parser.parse_args(argv)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
