@@ -201,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def summarise(args: argparse.Namespace, rows: list[dict], first: dict) -> dict[str, Any]:
     bare = median_of(rows, "bare", "tokens_per_s")
-    table, arms = [], {}
+    cells, arms = [], {}
     for arm in dict.fromkeys(r["arm"] for r in rows):
         speed = median_of(rows, arm, "tokens_per_s")
         whole = median_of(rows, arm, "message_tokens_per_s")
@@ -211,17 +211,18 @@ def summarise(args: argparse.Namespace, rows: list[dict], first: dict) -> dict[s
             "message_tokens_per_s": whole,
             "message_ratio_vs_bare": whole / bare,
         }
-        table.append((arm, speed, speed / bare, whole, whole / bare))
-    print_table(
+        cells.append((arm, speed, speed / bare, whole, whole / bare))
+    text = print_table(
         f"client overhead: {args.model}, {args.source}, {args.local_steps} local steps, "
         f"{args.threads} thread(s), medians of {args.repeats} interleaved repeats "
         f"(target: training ratio >= {TARGET})",
         ["arm", "train tok/s", "ratio", "whole-message tok/s", "ratio"],
-        table,
+        cells,
     )
     flwr_ratio = arms.get("flwr-run", {}).get("ratio_vs_bare")
     return {
         **result_header("client_overhead", args, args.threads),
+        "table": text,
         "target_ratio": TARGET,
         "arms": arms,
         "first_message": first,

@@ -144,14 +144,14 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def summarise(args: argparse.Namespace, rows: list[dict[str, Any]]) -> dict[str, Any]:
-    table = []
+    cells = []
     for r in rows:
         r["ratio_down"] = r["ledger_down"] / r["theory_down"]
         r["ratio_up"] = r["ledger_up"] / r["theory_up"]
         r["wire_ratio_down"] = r["wire_down"] / r["theory_down"]
         r["wire_ratio_up"] = r["wire_up"] / r["theory_up"]
         r["reduction_vs_ddp"] = r["ddp_bytes"] / (r["ledger_down"] + r["ledger_up"])
-        table.append(
+        cells.append(
             (
                 r["variant"],
                 r["compression"],
@@ -164,7 +164,7 @@ def summarise(args: argparse.Namespace, rows: list[dict[str, Any]]) -> dict[str,
                 f"{r['reduction_vs_ddp']:.0f}x",
             )
         )
-    print_table(
+    text = print_table(
         f"communication per client per round: {args.model}, {args.sources} "
         f"(target: <= {TARGET}x theory; DDP at {args.ddp_steps} local steps)",
         [
@@ -178,12 +178,13 @@ def summarise(args: argparse.Namespace, rows: list[dict[str, Any]]) -> dict[str,
             "wire/theory",
             "vs DDP",
         ],
-        table,
+        cells,
     )
     worst = max(max(r["ratio_down"], r["ratio_up"]) for r in rows)
     worst_wire = max(max(r["wire_ratio_down"], r["wire_ratio_up"]) for r in rows)
     return {
         **result_header("communication", args, args.threads),
+        "table": text,
         "target_ratio": TARGET,
         "worst_ledger_ratio": worst,
         "worst_wire_ratio": worst_wire,

@@ -124,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     peak = peak_tflops(device, args.peak_tflops)
     achieved = run["tokens_per_s"] * flops / 1e12
     mfu = achieved / peak if peak else None
-    print_table(
+    table = print_table(
         f"training throughput: {args.model} on {device.type}"
         f"{' (' + torch.cuda.get_device_name(device) + ')' if device.type == 'cuda' else ''}, "
         f"batch {args.batch_size} x {args.seq_len}, {args.steps} timed steps, "
@@ -143,6 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     result = {
         **result_header("gpu_training", args, None),
+        "table": table,
         "device": str(device),
         "gpu_used": device.type == "cuda",
         "flops_per_token": flops,

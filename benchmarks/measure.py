@@ -73,13 +73,16 @@ def median_of(rows: Sequence[dict[str, Any]], arm: str, key: str) -> float:
     return statistics.median(values) if values else float("nan")
 
 
-def print_table(title: str, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
+def print_table(title: str, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    """Print the table; its text, for the result files."""
     table = Table(title=title)
     for i, column in enumerate(columns):
         table.add_column(column, justify="left" if i == 0 else "right")
     for row in rows:
         table.add_row(*(_cell(v) for v in row))
-    Console(width=160).print(table)
+    console = Console(width=160, record=True)
+    console.print(table)
+    return console.export_text()
 
 
 def _cell(value: Any) -> str:
@@ -91,15 +94,17 @@ def _cell(value: Any) -> str:
 
 
 def write_outputs(out: Path, name: str, result: dict[str, Any], rows: list[dict[str, Any]]) -> None:
-    """``<name>.json`` (everything) and ``<name>.csv`` (the per-run rows) under ``out``."""
+    """``<name>.json`` (everything), ``<name>.csv`` (the per-run rows) and ``<name>.txt``
+    (the printed ``result["table"]``) under ``out``."""
     out.mkdir(parents=True, exist_ok=True)
+    (out / f"{name}.txt").write_text(result["table"])
     (out / f"{name}.json").write_text(dumps({**result, "runs": rows}, indent=2))
     columns = sorted({k for r in rows for k in r if not isinstance(r[k], dict | list)})
     with (out / f"{name}.csv").open("w", newline="") as f:
         writer = csv.DictWriter(f, columns, extrasaction="ignore")
         writer.writeheader()
         writer.writerows(rows)
-    print(f"wrote {out / f'{name}.json'} and {name}.csv", flush=True)
+    print(f"wrote {out / f'{name}.json'}, {name}.csv and {name}.txt", flush=True)
 
 
 def corpora_run_config(names: Sequence[str], work: Path, **overrides: Any) -> dict[str, Any]:

@@ -140,14 +140,14 @@ def summarise(args: argparse.Namespace, rounds: list[dict], profile: list[dict])
         "overhead_share",
         "overhead_share_excl_eval",
     ]
-    print_table(
+    table = print_table(
         f"round overhead: {args.model}, {len(args.sources.split(','))} sources in sequence, "
         f"{args.local_steps} local steps, eval-bytes {args.eval_bytes}, {args.threads} thread(s) "
         f"(target: overhead <= {TARGET:.0%} of the round)",
         ["round", *[c.removesuffix("_s") for c in columns]],
         [(r["round"], *(r[c] for c in columns)) for r in rounds],
     )
-    print_table(
+    table += print_table(
         "where a profiled round's time goes (cumulative; nested calls overlap)",
         ["component", "seconds", "share"],
         [(p["component"], p["seconds"], p["share"]) for p in profile],
@@ -157,6 +157,7 @@ def summarise(args: argparse.Namespace, rounds: list[dict], profile: list[dict])
     excl_eval = max(r["overhead_share_excl_eval"] for r in later)
     return {
         **result_header("round_overhead", args, args.threads),
+        "table": table,
         "critical_path": "sum of the clients' training time (the in-process grid is sequential)",
         "target_overhead_share": TARGET,
         "worst_overhead_share_after_round_1": overhead,

@@ -173,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def summarise(args: argparse.Namespace, rows: list[dict[str, Any]]) -> dict[str, Any]:
-    print_table(
+    table = print_table(
         "server aggregation: time and peak memory above the state held before "
         f"(in bodies of float32; target: the aggregator's peak <= {TARGET:g}x the body)",
         [
@@ -206,6 +206,7 @@ def summarise(args: argparse.Namespace, rows: list[dict[str, Any]]) -> dict[str,
     worst_streamed = max(r["peak_x_body"] for r in rows if r["path"] == "streamed")
     return {
         **result_header("server_scaling", args, 1),
+        "table": table,
         "target_x_body": TARGET,
         "worst_aggregation_x_body": worst,
         "worst_streamed_peak_x_body": worst_streamed,
