@@ -194,6 +194,10 @@ def build_summary(history: RunHistory, cfg: DeptConfig, wall_s: float) -> dict[s
             "val_ppl": final.get(keys.VAL_PPL, math.nan),
             "val_loss": final.get(keys.VAL_LOSS, math.nan),
             "evaluated_round": latest[0] if latest else None,
+            # A source whose node joined the running federation first trained after round 1.
+            "joined_round": min(
+                (r for r, record in history.rounds.items() if name in record.train), default=None
+            ),
             "initial_val_bpb": initial.eval.get(name, {}).get(keys.VAL_BPB, math.nan)
             if initial
             else math.nan,
