@@ -67,6 +67,7 @@ class DeptConfig:
     compression_error_feedback: bool = True
     fraction_train: float = 1.0
     min_train_nodes: int = 1
+    min_train_replies: int = 1
     fraction_evaluate: float = 1.0
     min_available_nodes: int = 0
     wait_for_nodes_s: float = 120.0
@@ -96,6 +97,7 @@ class DeptConfig:
             "batch_size",
             "grad_accum_steps",
             "eval_batch_size",
+            "min_train_replies",
         ):
             _check(name, getattr(self, name) >= 1, "must be >= 1")
         for name in (

@@ -68,6 +68,7 @@ class DeptStrategy(Strategy):
         run_id: str,
         fraction_train: float = 1.0,
         min_train_nodes: int = 1,
+        min_train_replies: int = 1,
         fraction_evaluate: float = 1.0,
         min_available_nodes: int = 1,
         wait_for_nodes_s: float = 120.0,
@@ -96,6 +97,7 @@ class DeptStrategy(Strategy):
         self.run_id = run_id
         self.fraction_train = fraction_train
         self.min_train_nodes = max(1, min_train_nodes)
+        self.min_train_replies = max(1, min_train_replies)
         self.fraction_evaluate = fraction_evaluate
         self.max_tokens_per_round = max_tokens_per_round
         self.num_rounds = num_rounds
@@ -287,14 +289,21 @@ class DeptStrategy(Strategy):
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         mean = RoundMean(self.shapes, self.embedding_names)
-        loss_sum = 0.0
+        loss_sum, accepted = 0.0, 0
         replies = list(replies)
         for reply in replies:
-            if (accepted := self._accumulate(server_round, reply, mean)) is not None:
-                loss_sum += accepted
+            if (weighted_loss := self._accumulate(server_round, reply, mean)) is not None:
+                loss_sum += weighted_loss
+                accepted += 1
         self._record_missing(server_round, replies)
-        if mean.weight <= 0:
-            log.warning("round %d: no usable training reply; the model is unchanged", server_round)
+        if mean.weight <= 0 or accepted < self.min_train_replies:
+            log.warning(
+                "round %d: %d usable training replies, fewer than %d (config key "
+                "'min-train-replies'); the model is unchanged",
+                server_round,
+                accepted,
+                self.min_train_replies,
+            )
             return None, None
         result = mean.result()
         if result is None:

@@ -139,6 +139,7 @@ def _build_strategy(cfg: DeptConfig, run_id: str) -> DeptStrategy:
         run_id=run_id,
         fraction_train=cfg.fraction_train,
         min_train_nodes=cfg.min_train_nodes,
+        min_train_replies=cfg.min_train_replies,
         fraction_evaluate=cfg.fraction_evaluate,
         min_available_nodes=cfg.min_available_nodes,
         wait_for_nodes_s=cfg.wait_for_nodes_s,

@@ -98,6 +98,18 @@ def test_no_usable_reply_leaves_the_body_unchanged() -> None:
     assert torch.equal(strategy.outer.tensors()["a"], BODY["a"])
 
 
+def test_fewer_usable_replies_than_min_train_replies_leave_the_body_unchanged() -> None:
+    grid = LocalGrid(None, [{}] * 3, {})
+    strategy = _strategy(min_train_replies=3)
+    good = {"a": np.ones((2, 3), np.float32), "b": np.ones(4, np.float32)}
+    replies = [_reply(grid, n, good, 1, f"s{n}") for n in (1, 2)]  # the third node is gone
+    assert strategy.aggregate_train(1, replies) == (None, None)
+    assert torch.equal(strategy.outer.tensors()["a"], BODY["a"])
+    replies = [_reply(grid, n, good, 1, f"s{n}") for n in (1, 2, 3)]
+    arrays, _ = strategy.aggregate_train(2, replies)
+    assert np.allclose(arrays["a"].numpy(), 0.0)
+
+
 def test_configure_train_samples_sources_and_sends_only_the_body() -> None:
     # Prepare: node 1 serves two sources, node 2 one, node 3 none, node 4 is broken
     grid = LocalGrid(directory_app({1: ["a", "c"], 2: ["b"], 3: []}), [{}] * 4, {})
