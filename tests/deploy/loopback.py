@@ -1,0 +1,220 @@
+"""A real Flower deployment on loopback: the processes the Docker images run, as processes.
+
+One SuperLink (``--isolation process``) with its SuperExec, and SuperNodes each with their own
+SuperExec, exactly as ``docker/compose.yml`` wires them; ``flwr run`` against a connection
+profile in a private ``$FLWR_HOME``. Every process starts in its own session so that it and
+the app processes its executor spawns can be killed together; :meth:`Loopback.close` kills
+whatever is left, even after a failed test, and every wait is bounded.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+PROJECT = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent  # the venv's flower-* entry points
+LOG_POLL_S = 0.5
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass
+class Tls:
+    """Certificates and keys made by ``dept-certs`` (``dept.certificates``)."""
+
+    folder: Path
+
+    @property
+    def ca(self) -> Path:
+        return self.folder / "ca.crt"
+
+    def node_key(self, name: str) -> Path:
+        return self.folder / "supernodes" / name
+
+
+@dataclass
+class Process:
+    name: str
+    popen: subprocess.Popen
+    log: Path
+
+    def text(self) -> str:
+        return self.log.read_text(errors="replace") if self.log.exists() else ""
+
+    def kill(self) -> None:
+        """SIGKILL the process and everything it started (its session)."""
+        if self.popen.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.popen.pid, signal.SIGKILL)
+            self.popen.wait(timeout=10)
+
+
+@dataclass
+class Node:
+    source: str
+    supernode: Process
+    superexec: Process
+
+    def kill(self) -> None:
+        self.supernode.kill()
+        self.superexec.kill()
+
+    def log(self) -> str:
+        """The ClientApp's own log lines land in its executor's output."""
+        return self.superexec.text()
+
+
+@dataclass
+class Loopback:
+    root: Path
+    tls: Tls | None = None
+    auth: bool = False
+    port: int = field(default_factory=free_port)
+    processes: list[Process] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.logs = self.root / "logs"
+        self.logs.mkdir(parents=True, exist_ok=True)
+        self.flwr_home = self.root / "flwr-home"
+        self.flwr_home.mkdir(exist_ok=True)
+        self.env = {
+            **os.environ,
+            "FLWR_HOME": str(self.flwr_home),
+            "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
+            "OMP_NUM_THREADS": "1",  # several trainers share the CI machine's two cores
+            "PYTHONUNBUFFERED": "1",
+        }
+        connection = f'address = "127.0.0.1:{self.port}"\n'
+        connection += f'root-certificates = "{self.tls.ca}"\n' if self.tls else "insecure = true\n"
+        (self.flwr_home / "config.toml").write_text(
+            f'[superlink]\ndefault = "loopback"\n\n[superlink.loopback]\n{connection}'
+        )
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def _security(self) -> list[str]:
+        return ["--root-certificates", str(self.tls.ca)] if self.tls else ["--insecure"]
+
+    def start(self, name: str, *args: str) -> Process:
+        log = self.logs / f"{name}.log"
+        handle = log.open("w")
+        popen = subprocess.Popen(
+            [str(BIN / args[0]), *args[1:]],
+            cwd=self.root,
+            env=self.env,
+            stdout=handle,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        handle.close()
+        process = Process(name, popen, log)
+        self.processes.append(process)
+        return process
+
+    def start_superlink(self) -> None:
+        args = ["flower-superlink", "--port", str(self.port), "--isolation", "process"]
+        args += ["--database", str(self.root / "superlink.db")]
+        args += ["--disable-runtime-dependency-installation"]
+        if self.tls:
+            args += ["--ssl-ca-certfile", str(self.tls.ca)]
+            args += ["--ssl-certfile", str(self.tls.folder / "server.pem")]
+            args += ["--ssl-keyfile", str(self.tls.folder / "server.key")]
+        else:
+            args += ["--insecure"]
+        if self.auth:
+            args += ["--enable-supernode-auth"]
+        self.start("superlink", *args)
+        self.start(
+            "superexec-serverapp",
+            "flower-superexec",
+            "--runtime-api-address",
+            self.address,
+            *self._security(),
+        )
+        wait_for(lambda: self.flwr("supernode", "ls").returncode == 0, 60, "the SuperLink")
+
+    def add_node(self, source: str, node_config: str, key: str | None = None) -> Node:
+        """A SuperNode serving ``source`` and its executor (the ClientApp runs there)."""
+        port = free_port()
+        args = ["flower-supernode", "--superlink", self.address, "--isolation", "process"]
+        args += ["--port", str(port), "--node-config", node_config, *self._security()]
+        if key is not None:
+            assert self.tls is not None, "node authentication needs TLS"
+            args += ["--auth-supernode-private-key", str(self.tls.node_key(key))]
+        suffix = sum(p.name.startswith(f"supernode-{source}") for p in self.processes)
+        name = f"{source}-{suffix}"
+        supernode = self.start(f"supernode-{name}", *args)
+        superexec = self.start(
+            f"superexec-{name}",
+            "flower-superexec",
+            "--runtime-api-address",
+            f"127.0.0.1:{port}",
+            "--insecure",  # the node's own Runtime API listens on loopback only
+        )
+        return Node(source, supernode, superexec)
+
+    def flwr(self, *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [str(BIN / "flwr"), *args],
+            cwd=PROJECT,
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+
+    def run(self, run_config: str) -> Process:
+        """``flwr run`` of this project against the loopback SuperLink, logs streamed."""
+        command = ["flwr", "run", str(PROJECT), "loopback", "--stream"]
+        return self.start("flwr-run", *command, "--run-config", run_config)
+
+    def close(self) -> None:
+        for process in reversed(self.processes):
+            process.kill()
+
+    def logs_tail(self, chars: int = 4000) -> str:
+        """The end of every log, for an assertion message."""
+        return "\n".join(f"== {p.name}\n{p.text()[-chars:]}" for p in self.processes)
+
+
+def wait_for(condition: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"waited {timeout:.0f} s for {what}")
+        time.sleep(LOG_POLL_S)
+
+
+def wait_for_line(process: Process, pattern: str, timeout: float) -> re.Match[str]:
+    """The first match of ``pattern`` in the process's log, waiting at most ``timeout``;
+    fails at once if the process ends without printing it."""
+    found: list[re.Match[str]] = []
+
+    def seen() -> bool:
+        ended = process.popen.poll() is not None  # read the log after checking
+        match = re.search(pattern, process.text())
+        if match:
+            found.append(match)
+        elif ended:
+            raise AssertionError(f"{process.name} exited before logging {pattern!r}")
+        return bool(match)
+
+    wait_for(seen, timeout, f"{pattern!r} in {process.name}'s log")
+    return found[0]

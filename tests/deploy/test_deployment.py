@@ -1,0 +1,155 @@
+"""The real deployment runtime on loopback: SuperLink, SuperNodes and their executors as
+processes, ``flwr run`` against them. Slow (each test trains a few rounds of the ``debug``
+preset across several processes) but bounded: every wait has a limit, and the fixture
+kills every process it started, whatever the outcome."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from dept.certificates import make_certificates
+from tests.deploy.loopback import Loopback, Node, Tls, wait_for_line
+
+pytestmark = pytest.mark.slow
+SOURCES = ("latin", "cyrillic", "greek")
+JOINER = "georgian"
+RUN_S = 420  # upper bound for one short federation on a loaded 2-core machine
+SERVER_DONE = r"summary written to|validation bits per byte"
+
+
+def run_config(out: Path, **overrides: object) -> str:
+    config: dict[str, object] = {
+        "model": "debug",
+        "seq-len": 32,
+        "batch-size": 4,
+        "local-steps": 4,
+        "warmup-steps": 1,
+        "eval-bytes": 2048,
+        "num-server-rounds": 3,
+        "wait-for-nodes-s": 90.0,
+        "round-timeout-s": 120.0,
+        "output-dir": str(out),
+        **overrides,
+    }
+    return " ".join(
+        f"{k}={json.dumps(v) if isinstance(v, str) else str(v).lower()}" for k, v in config.items()
+    )
+
+
+def node_config(source: str, state: Path, path: str | None = None) -> str:
+    return (
+        f"source='{source}' path='{path or 'builtin:synthetic-' + source}' "
+        f"vocab-size=300 state-dir='{state / source}'"
+    )
+
+
+@pytest.fixture
+def loopback(tmp_path: Path) -> Iterator[Loopback]:
+    deployment = Loopback(tmp_path)
+    try:
+        yield deployment
+    finally:
+        deployment.close()
+
+
+def start_nodes(deployment: Loopback, state: Path, sources: tuple[str, ...]) -> list[Node]:
+    return [deployment.add_node(s, node_config(s, state)) for s in sources]
+
+
+def finish(deployment: Loopback, run_log: str, out: Path) -> dict:
+    summary = out / "summary.json"
+    assert summary.exists(), deployment.logs_tail()
+    return json.loads(summary.read_text())
+
+
+def test_three_nodes_a_broken_one_and_a_source_joining_mid_run(
+    loopback: Loopback, tmp_path: Path
+) -> None:
+    state, out = tmp_path / "state", tmp_path / "out"
+    loopback.start_superlink()
+    start_nodes(loopback, state, SOURCES)
+    loopback.add_node("broken", node_config("broken", state, path=str(tmp_path / "missing")))
+    run = loopback.run(run_config(out, **{"num-server-rounds": 4, "min-available-nodes": 4}))
+
+    wait_for_line(run, r"round 1/4 done", RUN_S)
+    joiner = loopback.add_node(JOINER, node_config(JOINER, state))
+    joined = int(wait_for_line(run, rf"round (\d): training [^\n]*{JOINER}", RUN_S).group(1))
+    wait_for_line(run, SERVER_DONE, RUN_S)
+    summary = finish(loopback, run.text(), out)
+
+    log = run.text()
+    assert "cannot take part" in log and "broken" in log, log[-3000:]
+    assert set(summary["sources"]) == {*SOURCES, JOINER}, log[-3000:]
+    assert 2 <= joined <= 4
+    assert summary["sources"][JOINER]["joined_round"] == joined
+    assert summary["sources"][JOINER]["tokens_trained"] > 0
+    rounds = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    trained = [r["round"] for r in rounds if r["sources"].get(JOINER, {}).get("tokens")]
+    assert trained and trained[0] == joined, rounds
+    assert "embeddings fresh" in joiner.log(), joiner.log()[-2000:]
+
+
+def test_a_node_killed_mid_round_comes_back_with_its_embeddings(
+    loopback: Loopback, tmp_path: Path
+) -> None:
+    state, out = tmp_path / "state", tmp_path / "out"
+    loopback.start_superlink()
+    nodes = start_nodes(loopback, state, SOURCES)
+    victim = nodes[0]
+    # Long enough rounds that the kill lands while the victim trains.
+    config = {"num-server-rounds": 3, "local-steps": 150, "round-timeout-s": 45.0}
+    config["min-available-nodes"] = 3
+    run = loopback.run(run_config(out, **config))
+
+    wait_for_line(victim.superexec, rf"round 2 {victim.source}: step", RUN_S)
+    victim.kill()
+    wait_for_line(run, r"round 2/3 done", RUN_S)
+    back = loopback.add_node(victim.source, node_config(victim.source, state))
+    wait_for_line(run, SERVER_DONE, RUN_S)
+    summary = finish(loopback, run.text(), out)
+
+    rounds = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert not rounds[2]["sources"].get(victim.source, {}).get("tokens"), rounds[2]
+    assert {f["source"] for f in rounds[2]["failed"]} == {victim.source}, rounds[2]
+    assert rounds[3]["sources"][victim.source]["tokens"] > 0, rounds[3]
+    reloaded = wait_for_line(back.superexec, r"embeddings from the state of round (\d+)", 10)
+    assert int(reloaded.group(1)) == 1
+    assert set(summary["sources"]) == set(SOURCES)
+
+
+def test_tls_and_supernode_authentication(tmp_path: Path) -> None:
+    certs = tmp_path / "certs"
+    make_certificates(certs, ["127.0.0.1", "localhost"], ["node-a", "node-b", "intruder"])
+    deployment = Loopback(tmp_path, tls=Tls(certs), auth=True)
+    state, out = tmp_path / "state", tmp_path / "out"
+    try:
+        deployment.start_superlink()
+        for key in ("node-a", "node-b"):
+            registered = deployment.flwr(
+                "supernode", "register", str(certs / "supernodes" / f"{key}.pub"), "loopback"
+            )
+            assert registered.returncode == 0, registered.stdout + registered.stderr
+        deployment.add_node("latin", node_config("latin", state), key="node-a")
+        deployment.add_node("greek", node_config("greek", state), key="node-b")
+        intruder = deployment.add_node("cyrillic", node_config("cyrillic", state), key="intruder")
+        run = deployment.run(run_config(out, **{"num-server-rounds": 2}))
+        wait_for_line(run, SERVER_DONE, RUN_S)
+        summary = finish(deployment, run.text(), out)
+        assert set(summary["sources"]) == {"latin", "greek"}
+        assert summary["avg_val_bpb"] < summary["initial_avg_val_bpb"]
+        assert "cyrillic" not in run.text()
+        # An unregistered key is refused at activation and the SuperNode exits.
+        wait_for_line(intruder.supernode, r"Failed to activate SuperNode", 60)
+    finally:
+        deployment.close()
+
+
+def test_the_server_gives_up_waiting_for_nodes_and_says_so(loopback: Loopback) -> None:
+    loopback.start_superlink()
+    run = loopback.run(run_config(loopback.root / "out", **{"wait-for-nodes-s": 4.0}))
+    line = wait_for_line(run, r"waited 4 s [^\n]*saw 0 node\(s\)", 120)
+    assert "min-available-nodes" in line.string[line.start() : line.start() + 400]
