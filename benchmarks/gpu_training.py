@@ -125,6 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     achieved = run["tokens_per_s"] * flops / 1e12
     mfu = achieved / peak if peak else None
     table = print_table(
+        f"{'' if device.type == 'cuda' else 'NO GPU USED - '}"
         f"training throughput: {args.model} on {device.type}"
         f"{' (' + torch.cuda.get_device_name(device) + ')' if device.type == 'cuda' else ''}, "
         f"batch {args.batch_size} x {args.seq_len}, {args.steps} timed steps, "

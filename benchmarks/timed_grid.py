@@ -27,6 +27,7 @@ class Delivery:
     server_round: int
     source: str
     seconds: float
+    cpu_seconds: float  # this process's CPU time: steadier than wall time on a busy machine
     wire_bytes_down: int
     wire_bytes_up: int
     metrics: dict[str, Any]
@@ -43,9 +44,9 @@ class TimedGrid(LocalGrid):
         self.deliveries: list[Delivery] = []
 
     def _deliver(self, msg: Message) -> Message:
-        started = time.perf_counter()
+        started, cpu_started = time.perf_counter(), time.process_time()
         reply = super()._deliver(msg)
-        seconds = time.perf_counter() - started
+        seconds, cpu_seconds = time.perf_counter() - started, time.process_time() - cpu_started
         content = reply.content if reply.has_content() else None
         metrics = content.metric_records.get(keys.METRICS) if content is not None else None
         config = msg.content.config_records[keys.CONFIG]
@@ -55,6 +56,7 @@ class TimedGrid(LocalGrid):
                 server_round=int(config.get(keys.SERVER_ROUND, -1)),  # type: ignore[arg-type]
                 source=str(config.get(keys.SOURCE, "?")),
                 seconds=seconds,
+                cpu_seconds=cpu_seconds,
                 wire_bytes_down=_wire(msg) if self.wire_bytes else 0,
                 wire_bytes_up=_wire(reply) if self.wire_bytes else 0,
                 metrics=dict(metrics) if metrics is not None else {},
