@@ -88,6 +88,9 @@ class Loopback:
     env: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        # A SIGTERM to pytest (a CI job cancelled) unwinds like Ctrl-C, so the fixture's
+        # cleanup still kills every process started here.
+        signal.signal(signal.SIGTERM, _interrupt)
         self.logs = self.root / "logs"
         self.logs.mkdir(parents=True, exist_ok=True)
         self.flwr_home = self.root / "flwr-home"
@@ -192,6 +195,10 @@ class Loopback:
     def logs_tail(self, chars: int = 4000) -> str:
         """The end of every log, for an assertion message."""
         return "\n".join(f"== {p.name}\n{p.text()[-chars:]}" for p in self.processes)
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
 
 
 def wait_for(condition: Callable[[], bool], timeout: float, what: str) -> None:

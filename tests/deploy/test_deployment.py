@@ -101,23 +101,28 @@ def test_a_node_killed_mid_round_comes_back_with_its_embeddings(
     nodes = start_nodes(loopback, state, SOURCES)
     victim = nodes[0]
     # Long enough rounds that the kill lands while the victim trains.
-    config = {"num-server-rounds": 3, "local-steps": 150, "round-timeout-s": 45.0}
+    # The SuperLink answers for a node that misses two heartbeats (about 60 s); the round
+    # timeout is only the backstop.
+    config = {"num-server-rounds": 4, "local-steps": 150, "round-timeout-s": 300.0}
     config["min-available-nodes"] = 3
     run = loopback.run(run_config(out, **config))
 
     wait_for_line(victim.superexec, rf"round 2 {victim.source}: step", RUN_S)
     victim.kill()
-    wait_for_line(run, r"round 2/3 done", RUN_S)
+    # Back at once with the same state directory (a new node id): while round 2 waits for
+    # the lost reply, it connects, and is asked which source it serves in time for round 3.
     back = loopback.add_node(victim.source, node_config(victim.source, state))
-    wait_for_line(run, SERVER_DONE, RUN_S)
+    wait_for_line(run, SERVER_DONE, 2 * RUN_S)
     summary = finish(loopback, run.text(), out)
 
     rounds = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert not rounds[2]["sources"].get(victim.source, {}).get("tokens"), rounds[2]
-    assert {f["source"] for f in rounds[2]["failed"]} == {victim.source}, rounds[2]
+    assert victim.source in {f["source"] for f in rounds[2]["failed"]}, rounds[2]
+    assert rounds[2]["sources"]["greek"]["tokens"] > 0, "the round went on without it"
     assert rounds[3]["sources"][victim.source]["tokens"] > 0, rounds[3]
     reloaded = wait_for_line(back.superexec, r"embeddings from the state of round (\d+)", 10)
-    assert int(reloaded.group(1)) == 1
+    assert int(reloaded.group(1)) == 1, "it reloaded what it saved after round 1"
+    assert "embeddings fresh" not in back.log()
     assert set(summary["sources"]) == set(SOURCES)
 
 
