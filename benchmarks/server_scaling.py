@@ -9,14 +9,13 @@ with metrics and source). Each configuration runs in a fresh process, alone, so 
 resident memory (``ru_maxrss``) is its own; the state it held before (θ in the outer
 optimizer) is subtracted. Two paths:
 
-- ``strategy``: ``DeptStrategy.aggregate_train`` given the replies as Flower gives them:
-  ``grid.send_and_receive`` returns them all in one list, so they are all in memory at
-  once (measured where ``replies x body`` fits under ``--hold-limit-gb``); ``held by
+- ``strategy``: ``DeptStrategy.aggregate_train`` given the replies in one list, as
+  ``grid.send_and_receive`` would return them, so they are all in memory at once
+  (measured where ``replies x body`` fits under ``--hold-limit-gb``); ``held by
   aggregation`` subtracts the messages' own bytes from the peak.
-- ``streamed``: the same per-reply steps (``check_train_reply`` decodes and checks a reply,
-  ``RoundMean.add`` adds it, then the mean and the outer step) with replies made one at a
-  time: the aggregator's own peak, which is what a runtime that hands replies over as they
-  arrive would pay, for any number of replies.
+- ``streamed``: the same ``aggregate_train`` given the replies one at a time, as the
+  ServerApp hands them over while it pulls them (``server_app/arrivals.py``): each is
+  decoded, checked, added to the running mean and dropped, for any number of replies.
 """
 
 from __future__ import annotations
@@ -43,10 +42,8 @@ from flwr.supercore.task_identity import TaskIdentity
 
 from benchmarks.measure import print_table, result_header, write_outputs
 from dept_strategy import keys
-from dept_strategy.aggregate import RoundMean
 from dept_strategy.outer import OuterOptimizer
 from dept_strategy.strategy import DeptStrategy
-from dept_strategy.validation import check_train_reply
 
 TARGET = 4.0
 FLOAT32 = 4
@@ -97,21 +94,9 @@ def make_reply(node: int, delta: dict[str, np.ndarray]) -> Message:
     return Message(content, reply_to=instruction)
 
 
-def aggregate(
-    path: str, outer: OuterOptimizer, shapes: dict[str, tuple[int, ...]], replies: Iterable[Message]
-) -> None:
-    """One round's aggregation of ``replies`` and the outer step, by ``path``."""
-    if path == "strategy":
-        DeptStrategy(outer=outer, local_steps=25, run_id="bench").aggregate_train(1, replies)
-        return
-    mean = RoundMean(shapes)
-    for reply in replies:  # decode, check and add, as the strategy does
-        delta, weight = check_train_reply(reply.content, shapes, math.inf)
-        mean.add(delta, weight, None)
-        del reply, delta  # before the next reply is made
-    result = mean.result()
-    assert result is not None
-    outer.step(*result)
+def aggregate(outer: OuterOptimizer, replies: Iterable[Message]) -> None:
+    """One round's aggregation and outer step, through ``DeptStrategy.aggregate_train``."""
+    DeptStrategy(outer=outer, local_steps=25, run_id="bench").aggregate_train(1, replies)
 
 
 def measure(params: float, replies: int, path: str) -> dict[str, Any]:
@@ -123,7 +108,7 @@ def measure(params: float, replies: int, path: str) -> dict[str, Any]:
     # A first tiny round loads what the code path imports lazily, before the baseline.
     warm = {"w": np.zeros((16, 16), np.float32)}
     outer = OuterOptimizer({"w": torch.zeros(16, 16)}, kind="fedavg")
-    aggregate(path, outer, {"w": (16, 16)}, [make_reply(1, warm)])
+    aggregate(outer, [make_reply(1, warm)])
     shapes = body_shapes(params)
     rng = np.random.default_rng(0)
     outer = OuterOptimizer(
@@ -137,7 +122,7 @@ def measure(params: float, replies: int, path: str) -> dict[str, Any]:
     before = rss_bytes()  # what the server held before the round's replies came in
     held: list[Message] = list(made) if path == "strategy" else []  # as Flower hands them
     started = time.perf_counter()
-    aggregate(path, outer, shapes, held or made)
+    aggregate(outer, held or made)
     seconds = time.perf_counter() - started
     peak = peak_rss_bytes() - before
     message_bytes = sum(r.content.array_records[keys.ARRAYS].count_bytes() for r in held)

@@ -85,7 +85,7 @@ class SourceDirectory:
         for reply in replies:
             target = in_flight.target_of(reply)
             self._learn(target.node if target else reply.metadata.src_node_id, reply, on_failure)
-        for target in in_flight.unanswered(replies):
+        for target in in_flight.unanswered(r.metadata.reply_to_message_id for r in replies):
             self.failures[target.node] = f"no answer within {self.query_timeout_s:.0f} s"
             on_failure(
                 target.node, f"did not say which sources it serves: {self.failures[target.node]}"

@@ -8,6 +8,7 @@ sent message): a node may serve several sources, and an error reply made by the 
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from flwr.app import Message
@@ -39,9 +40,10 @@ class InFlight:
         """The node and source the replied-to message was sent for (None if not ours)."""
         return self._by_id().get(reply.metadata.reply_to_message_id)
 
-    def unanswered(self, replies: list[Message]) -> list[Target]:
-        """Targets whose message got no reply at all (timed out), then forget them all."""
-        answered = {r.metadata.reply_to_message_id for r in replies}
+    def unanswered(self, answered_ids: Iterable[str]) -> list[Target]:
+        """Targets whose message got no reply at all (timed out), given the ids of the
+        messages that were answered; then forget them all."""
+        answered = set(answered_ids)
         missing = [t for mid, t in self._by_id().items() if mid not in answered]
         self._sent, self._index = [], None
         return missing

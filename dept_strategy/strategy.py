@@ -290,12 +290,13 @@ class DeptStrategy(Strategy):
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         mean = RoundMean(self.shapes, self.embedding_names)
         loss_sum, accepted = 0.0, 0
-        replies = list(replies)
-        for reply in replies:
+        answered: list[str] = []  # ids only: each reply is dropped once it is added
+        for reply in replies:  # may be a stream of replies as they arrive
+            answered.append(reply.metadata.reply_to_message_id)
             if (weighted_loss := self._accumulate(server_round, reply, mean)) is not None:
                 loss_sum += weighted_loss
                 accepted += 1
-        self._record_missing(server_round, replies)
+        self._record_missing(server_round, answered)
         if mean.weight <= 0 or accepted < self.min_train_replies:
             log.warning(
                 "round %d: %d usable training replies, fewer than %d (config key "
@@ -378,9 +379,9 @@ class DeptStrategy(Strategy):
             {"node": str(target.node), "source": target.source, "reason": str(exc)}
         )
 
-    def _record_missing(self, server_round: int, replies: list[Message]) -> None:
+    def _record_missing(self, server_round: int, answered: list[str]) -> None:
         """Sampled sources whose node did not answer within ``round-timeout-s``."""
-        for target in self.in_flight.unanswered(replies):
+        for target in self.in_flight.unanswered(answered):
             reason = "no reply within the round timeout"
             log.warning(
                 "round %d: source %s on node %d: %s",
@@ -426,7 +427,7 @@ class DeptStrategy(Strategy):
                 self._record_rejected(server_round, target, exc)
                 continue
             self.history.record_eval(server_round, target.source, finite_metrics(metrics))
-        self._record_missing(server_round, replies)
+        self._record_missing(server_round, [r.metadata.reply_to_message_id for r in replies])
         mean = self.history.mean_val_bpb(server_round)
         return None if math.isnan(mean) else MetricRecord({keys.VAL_BPB: mean})
 

@@ -80,6 +80,6 @@ class SourceVocabularies:
                 len(self.ids[target.source]),
                 self.num_rows,
             )
-        for target in in_flight.unanswered(replies):
+        for target in in_flight.unanswered(r.metadata.reply_to_message_id for r in replies):
             on_failure(target, f"no vocabulary within {self.timeout_s:.0f} s")
         return received

@@ -25,6 +25,7 @@ from dept.model import body_state, build_model, embedding_parameters
 from dept.sources import run_sources
 from dept_strategy.outer import OuterOptimizer
 from dept_strategy.strategy import DeptStrategy
+from server_app.arrivals import replies_as_they_arrive
 from server_app.checkpoint import CHECKPOINTS, Checkpoint, load_latest, save_checkpoint
 from server_app.report import RunReport
 
@@ -156,8 +157,8 @@ def _train(
     """Train one round from ``shared``; the shared tensors after it (as the strategy's
     aggregate serialised them, or ``shared`` itself when the round changed nothing)."""
     messages = strategy.configure_train(server_round, shared, ConfigRecord(), grid)
-    replies = grid.send_and_receive(messages, timeout=cfg.round_timeout_s)
-    updated, _ = strategy.aggregate_train(server_round, replies)
+    replies = replies_as_they_arrive(grid, messages, timeout=cfg.round_timeout_s)
+    updated, _ = strategy.aggregate_train(server_round, replies)  # each added, then dropped
     return updated if updated is not None else shared
 
 

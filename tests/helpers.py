@@ -34,6 +34,9 @@ def debug_run_config(tmp_path: Path, **overrides: Any) -> dict[str, Any]:
             "output-dir": str(tmp_path / "out"),
             "state-dir": str(tmp_path / "state"),
             "wait-for-nodes-s": 5.0,
+            # LocalGrid answers within push_messages; only a node made to stay silent is
+            # waited for, and a second is enough to call it missing.
+            "round-timeout-s": 1.0,
         }
     )
     config.update(overrides)

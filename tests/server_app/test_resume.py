@@ -31,17 +31,15 @@ class CrashingGrid(LocalGrid):
         super().__init__(*args, **kwargs)
         self.crash_round = crash_round
 
-    def send_and_receive(
-        self, messages: Iterable[Message], *, timeout: float | None = None
-    ) -> Iterable[Message]:
+    def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
         messages = list(messages)
-        replies = super().send_and_receive(messages, timeout=timeout)
+        ids = super().push_messages(messages)  # the clients train here, in process
         for msg in messages:
             if msg.metadata.message_type == MessageType.TRAIN:
                 config = msg.content.config_records[keys.CONFIG]
                 if config[keys.SERVER_ROUND] == self.crash_round:
                     raise ServerCrash(f"killed in round {self.crash_round}")
-        return replies
+        return ids
 
 
 def _config(tmp_path: Path, name: str, **overrides) -> dict:
