@@ -23,6 +23,9 @@ COPY client_app ./client_app
 RUN sed -i 's/"flwr\[simulation\]==\([^"]*\)"/"flwr==\1"/' pyproject.toml \
     && python -m pip install --no-cache-dir .
 
-# Tokenizers, token caches and per-round embeddings: mount a volume here per node.
+# Tokenizers, token caches and per-round embeddings (/app/state, a volume per node) and the
+# ServerApp's outputs (/app/runs); made by the image's own (non-root) user so that named
+# volumes mounted there are writable by it.
+RUN mkdir -p /app/state /app/runs
 ENV XDG_CACHE_HOME=/app/state
 ENTRYPOINT ["flower-superexec"]

@@ -7,6 +7,8 @@ FROM flwr/superlink:${FLWR_VERSION}
 # State (runs, registered SuperNode keys) lives in /app/state: mount a volume there so a
 # restarted SuperLink keeps it.
 WORKDIR /app
+# Made by the image's own (non-root) user, so a named volume mounted here is writable by it.
+RUN mkdir -p /app/state
 VOLUME ["/app/state"]
 EXPOSE 8000
 ENTRYPOINT ["flower-superlink", "--isolation", "process", "--database", "/app/state/superlink.db", "--disable-runtime-dependency-installation"]
