@@ -7,7 +7,12 @@ Writes, into one folder:
   every name and address the SuperNodes, SuperExecs and ``flwr`` use to reach it;
 - ``supernodes/<name>`` / ``supernodes/<name>.pub``: one ECDSA (P-384) key pair per SuperNode
   in OpenSSH format, for SuperNode authentication: the SuperNode starts with the private key,
-  and the public key is registered with ``flwr supernode register``.
+  and the public key is registered with ``flwr supernode register``;
+- ``superexec.secret``: a random shared secret for ``--superexec-auth-secret-file``, so only
+  the executors given it can take tasks from a SuperLink's or SuperNode's Runtime API.
+
+Private keys and the secret are created owner-only (0600) before a byte is written, so they
+are never readable by others, not even for an instant.
 
 Python's ``cryptography`` (already a Flower dependency) does the work, so the script runs
 wherever the project is installed, without an ``openssl`` binary. Existing files are never
@@ -20,6 +25,9 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import ipaddress
+import os
+import re
+import secrets
 import sys
 from pathlib import Path
 
@@ -30,6 +38,9 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 DEFAULT_NAMES = ("localhost", "127.0.0.1", "::1", "superlink")
 VALID_DAYS = 365
+SECRET_FILE = "superexec.secret"
+# A SuperNode name becomes a file name: no separators, no leading dot, no "..".
+NODE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 
 
 def _name(common_name: str) -> x509.Name:
@@ -79,11 +90,18 @@ def make_certificates(
     """Write the CA, the SuperLink certificate for ``names`` and one key pair per SuperNode;
     returns the files written. Refuses (FileExistsError) to replace files unless ``force``."""
     keys_dir = out / "supernodes"
+    for node in supernodes:
+        if not NODE_NAME.fullmatch(node) or ".." in node:
+            raise ValueError(
+                f"SuperNode name {node!r} is not a plain file name (letters, digits, '.', '_', "
+                "'-'; no separators, no leading dot, no '..')"
+            )
     files = {
         out / "ca.crt",
         out / "ca.key",
         out / "server.pem",
         out / "server.key",
+        out / SECRET_FILE,
         *(keys_dir / n for n in supernodes),
         *(keys_dir / f"{n}.pub" for n in supernodes),
     }
@@ -93,7 +111,8 @@ def make_certificates(
         )
     if not names:
         raise ValueError("at least one SuperLink name or address is needed (--name)")
-    keys_dir.mkdir(parents=True, exist_ok=True)
+    out.mkdir(mode=0o700, parents=True, exist_ok=True)
+    keys_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
 
     ca_key = ec.generate_private_key(ec.SECP384R1())
     ca_name = _name("DEPT-on-Flower CA")
@@ -116,27 +135,39 @@ def make_certificates(
             (x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), False),
         ],
     )
-    contents = {
+    public = {
         out / "ca.crt": ca.public_bytes(serialization.Encoding.PEM),
-        out / "ca.key": _pem_key(ca_key),
         out / "server.pem": server.public_bytes(serialization.Encoding.PEM),
+    }
+    private = {
+        out / "ca.key": _pem_key(ca_key),
         out / "server.key": _pem_key(server_key),
+        out / SECRET_FILE: secrets.token_hex(32).encode(),
     }
     for node in supernodes:
         key = ec.generate_private_key(ec.SECP384R1())
-        contents[keys_dir / node] = key.private_bytes(
+        private[keys_dir / node] = key.private_bytes(
             serialization.Encoding.PEM,
             serialization.PrivateFormat.OpenSSH,
             serialization.NoEncryption(),
         )
-        contents[keys_dir / f"{node}.pub"] = key.public_key().public_bytes(
+        public[keys_dir / f"{node}.pub"] = key.public_key().public_bytes(
             serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH
         )
-    for path, data in contents.items():
+    for path, data in private.items():
+        write_private(path, data)
+    for path, data in public.items():
         path.write_bytes(data)
-        if path.suffix in ("", ".key"):  # private keys: owner only
-            path.chmod(0o600)
-    return sorted(contents)
+    return sorted([*private, *public])
+
+
+def write_private(path: Path, data: bytes) -> None:
+    """Write ``data`` to a new owner-only file (0600 from its creation; a file already there
+    is replaced, not reused, since its old mode might let others read it)."""
+    path.unlink(missing_ok=True)
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(descriptor, "wb") as f:
+        f.write(data)
 
 
 def main(argv: list[str] | None = None) -> int:

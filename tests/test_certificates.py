@@ -4,6 +4,8 @@ Flower accepts, and no silent overwrite."""
 from __future__ import annotations
 
 import ipaddress
+import os
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -11,7 +13,9 @@ from cryptography import x509
 from cryptography.hazmat.primitives.serialization import load_ssh_private_key
 from flwr.cli.supernode.register import try_load_public_key
 
-from dept.certificates import main, make_certificates
+from dept.certificates import SECRET_FILE, main, make_certificates
+
+PROJECT = Path(__file__).resolve().parents[1]
 
 
 def test_server_certificate_is_signed_by_the_ca_for_every_name(tmp_path: Path) -> None:
@@ -42,3 +46,38 @@ def test_existing_files_are_kept_unless_forced(tmp_path: Path, capsys) -> None:
     assert (tmp_path / "ca.crt").read_bytes() != ca
     with pytest.raises(ValueError, match="name"):
         make_certificates(tmp_path / "x", [], [])
+
+
+def test_every_private_file_is_owner_only_from_its_creation(tmp_path: Path) -> None:
+    # A name with a dot ("de.novels") has a file suffix; a world-readable file already there
+    # (replaced with --force) must not lend its mode to the new key.
+    (tmp_path / "supernodes").mkdir(parents=True)
+    stale = tmp_path / "supernodes" / "de.novels"
+    stale.write_text("old")
+    stale.chmod(0o644)
+    old_umask = os.umask(0)
+    try:
+        make_certificates(tmp_path, ["localhost"], ["de.novels"], force=True)
+    finally:
+        os.umask(old_umask)
+    for name in ("ca.key", "server.key", SECRET_FILE, "supernodes/de.novels"):
+        assert (tmp_path / name).stat().st_mode & 0o777 == 0o600, name
+    assert (tmp_path / "supernodes" / "de.novels.pub").stat().st_mode & 0o077 != 0
+    assert len((tmp_path / SECRET_FILE).read_bytes()) == 64
+
+
+@pytest.mark.parametrize("name", ["../escaped", "a/b", ".hidden", "a..b", ""])
+def test_a_supernode_name_that_is_not_a_plain_file_name_is_refused(
+    tmp_path: Path, name: str
+) -> None:
+    with pytest.raises(ValueError, match="plain file name"):
+        make_certificates(tmp_path / "certs", ["localhost"], [name])
+    assert not (tmp_path / "escaped").exists()
+    assert not (tmp_path / "certs").exists(), "nothing is written before the names are checked"
+
+
+def test_certificates_under_docker_are_ignored_by_git() -> None:
+    ignored = subprocess.run(
+        ["git", "check-ignore", "-q", "docker/certs/ca.key"], cwd=PROJECT, check=False
+    )
+    assert ignored.returncode == 0
