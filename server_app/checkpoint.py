@@ -4,12 +4,14 @@ Layout under ``output-dir/checkpoints/``::
 
     round-0003/tensors.safetensors   θ (+ φ), the outer optimizer's tensors, TRIM's V_k
     round-0003/state.json            round, run id, run config, RNG states, optimizer scalars,
-                                     metrics history, and the SHA-256 of tensors.safetensors
+                                     metrics history
+    round-0003/SHA256SUMS            the SHA-256 of both files (``sha256sum -c`` reads it)
 
 A checkpoint is written into a hidden temporary folder and renamed into place, so a crash
-while writing leaves no ``round-*`` folder half written. Loading checks the digest; a
-checkpoint that fails (truncated, edited, unreadable) is reported by path and the one before
-it is used. The last ``KEEP`` checkpoints are kept.
+while writing leaves no ``round-*`` folder half written. Loading checks both digests and that
+the state has every field a resume needs; a checkpoint that fails (truncated, edited,
+incomplete, unreadable, or refused by the caller's own check) is reported by path and the one
+before it is used. The last ``KEEP`` checkpoints are kept.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import hashlib
 import json
 import logging
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,6 +28,7 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
+from dept.config import ConfigError
 from dept.workspace import replace_dir
 from server_app.report import dumps
 
@@ -32,7 +36,9 @@ log = logging.getLogger(__name__)
 CHECKPOINTS = "checkpoints"
 TENSORS_FILE = "tensors.safetensors"
 STATE_FILE = "state.json"
+DIGESTS_FILE = "SHA256SUMS"
 KEEP = 3
+REQUIRED_FIELDS = ("round", "run_config", "strategy")
 
 
 class CheckpointError(RuntimeError):
@@ -59,40 +65,63 @@ def save_checkpoint(
     save_file(
         {k: v.detach().cpu().contiguous() for k, v in tensors.items()}, str(tmp / TENSORS_FILE)
     )
-    record = {**state, "round": server_round, "tensors_sha256": _sha256(tmp / TENSORS_FILE)}
-    (tmp / STATE_FILE).write_text(dumps(record))
+    (tmp / STATE_FILE).write_text(dumps({**state, "round": server_round}))
+    sums = "".join(f"{_sha256(tmp / name)}  {name}\n" for name in (STATE_FILE, TENSORS_FILE))
+    (tmp / DIGESTS_FILE).write_text(sums)
     replace_dir(tmp, final)  # a rerun of this round after a resume: the new one wins
     for old in _round_dirs(root)[:-KEEP]:
         shutil.rmtree(old, ignore_errors=True)
     return final
 
 
-def load_latest(out_dir: Path) -> Checkpoint | None:
-    """The newest checkpoint that verifies; None if there is none at all."""
+def load_latest(
+    out_dir: Path, accept: Callable[[Checkpoint], None] = lambda _: None
+) -> Checkpoint | None:
+    """The newest checkpoint that verifies and that ``accept`` takes without raising
+    (``ValueError``, ``KeyError`` or ``TypeError``: e.g. restoring a strategy from it); None
+    if there is none at all."""
     root = out_dir / CHECKPOINTS
     candidates = _round_dirs(root) if root.is_dir() else []
     problems = []
     for path in reversed(candidates):
         try:
-            return _load(path)
-        except (OSError, ValueError, KeyError, json.JSONDecodeError) as exc:
-            problems.append(f"{path}: {exc}")
-            log.error("checkpoint %s is unusable (%s); trying the one before", path, exc)
+            checkpoint = _load(path)
+            accept(checkpoint)
+            return checkpoint
+        except ConfigError:  # the caller refuses the run itself, not this checkpoint
+            raise
+        except (OSError, ValueError, KeyError, TypeError) as exc:  # JSONDecodeError included
+            problems.append(f"{path}: {exc!r}")
+            log.error("checkpoint %s is unusable (%r); trying the one before", path, exc)
     if problems:
         raise CheckpointError("no usable checkpoint: " + "; ".join(problems))
     return None
 
 
 def _load(path: Path) -> Checkpoint:
-    state_path, tensors_path = path / STATE_FILE, path / TENSORS_FILE
-    state = json.loads(state_path.read_text())
-    if _sha256(tensors_path) != state.get("tensors_sha256"):
-        raise ValueError(f"{tensors_path.name} does not match its recorded SHA-256")
-    return Checkpoint(int(state["round"]), load_file(str(tensors_path)), state, path)
+    _verify(path)
+    state = json.loads((path / STATE_FILE).read_text())
+    missing = [f for f in REQUIRED_FIELDS if f not in state] if isinstance(state, dict) else ["*"]
+    if missing:
+        raise ValueError(f"{STATE_FILE} lacks {', '.join(missing)}")
+    if path.name != f"round-{state['round']:04d}":
+        raise ValueError(f"{STATE_FILE} says round {state['round']}, its folder {path.name}")
+    return Checkpoint(int(state["round"]), load_file(str(path / TENSORS_FILE)), state, path)
+
+
+def _verify(path: Path) -> None:
+    """Both files match the digests written with them (an edit or a truncation does not)."""
+    recorded = {}
+    for line in (path / DIGESTS_FILE).read_text().splitlines():
+        digest, _, name = line.partition("  ")
+        recorded[name] = digest
+    for name in (STATE_FILE, TENSORS_FILE):
+        if recorded.get(name) != _sha256(path / name):
+            raise ValueError(f"{name} does not match its SHA-256 in {DIGESTS_FILE}")
 
 
 def _round_dirs(root: Path) -> list[Path]:
-    return sorted(p for p in root.glob("round-*") if p.is_dir())
+    return sorted(p for p in root.glob("round-[0-9][0-9][0-9][0-9]") if p.is_dir())
 
 
 def _sha256(path: Path) -> str:

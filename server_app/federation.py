@@ -21,6 +21,7 @@ from flwr.app import ArrayRecord, ConfigRecord
 from flwr.serverapp import Grid
 
 from dept.config import ConfigError, DeptConfig, load_config, resolve_path, to_run_config
+from dept.lock import exclusive_folder
 from dept.model import body_state, build_model, embedding_parameters
 from dept.sources import run_sources
 from dept_strategy.outer import OuterOptimizer
@@ -43,10 +44,17 @@ RESUMABLE_CHANGES = {
 
 
 def run_federation(grid: Grid, run_config: Mapping[str, Any]) -> Path:
-    """Run every round; returns the output folder. Bad config fails before any training."""
+    """Run every round; returns the output folder. Bad config fails before any training, and
+    a second run on the same ``output-dir`` stops at once (:mod:`dept.lock`)."""
     cfg = load_config(run_config)
     declared = {s.name for s in run_sources(cfg)}  # parses and validates the sources file
     out_dir = resolve_path(cfg.output_dir)
+    with exclusive_folder(out_dir):
+        _run_rounds(grid, cfg, out_dir, declared)
+    return out_dir
+
+
+def _run_rounds(grid: Grid, cfg: DeptConfig, out_dir: Path, declared: set[str]) -> None:
     log.info(
         "DEPT %s: model %s, %d rounds x %d local steps; output in %s",
         cfg.variant,
@@ -55,22 +63,17 @@ def run_federation(grid: Grid, run_config: Mapping[str, Any]) -> Path:
         cfg.local_steps,
         out_dir,
     )
-    checkpoint = _resume_point(cfg, out_dir) if cfg.resume else None  # fails before any work
-    run_id = checkpoint.state["strategy"]["run_id"] if checkpoint else uuid.uuid4().hex[:12]
-    strategy = _build_strategy(cfg, run_id)
-    if checkpoint is not None:
-        strategy.load_state_dict(checkpoint.tensors, checkpoint.state["strategy"])
-        strategy.resumed_after = checkpoint.server_round
-        log.info(
-            "resuming run %s after round %d (%s)", run_id, checkpoint.server_round, checkpoint.path
-        )
+    if cfg.resume:  # fails before any work
+        strategy, checkpoint = _resume(cfg, out_dir)
+    else:
+        strategy, checkpoint = _build_strategy(cfg, uuid.uuid4().hex[:12]), None
     strategy.summary()
     resumed_sources = frozenset(strategy.history.sources()) if checkpoint else frozenset()
     owners = strategy.wait_for_sources(grid, expected=resumed_sources)  # nodes check their data
     log.info("%d sources take part: %s", len(owners), ", ".join(sorted(owners)))
     if cfg.sources_file and (missing := sorted(declared - owners.keys())):
         log.warning("no node serves %s yet; a source joins when its node does", ", ".join(missing))
-    report = RunReport(out_dir, cfg, run_id, strategy.history if checkpoint else None)
+    report = RunReport(out_dir, cfg, strategy.run_id, strategy.history if checkpoint else None)
     done = checkpoint.server_round if checkpoint else -1
     started = time.monotonic() - (strategy.history.rounds[done].wall_s if checkpoint else 0.0)
     shared = ArrayRecord(strategy.outer.tensors())  # serialised once per round, sent to all
@@ -90,18 +93,38 @@ def run_federation(grid: Grid, run_config: Mapping[str, Any]) -> Path:
     final = strategy.outer.tensors()
     embeddings = {n: final.pop(n) for n in strategy.embedding_names}
     report.finish(strategy.history, final, time.monotonic() - started, embeddings)
-    return out_dir
 
 
-def _resume_point(cfg: DeptConfig, out_dir: Path) -> Checkpoint:
-    """The checkpoint to continue from, after checking the run config still matches it."""
-    checkpoint = load_latest(out_dir)
+def _resume(cfg: DeptConfig, out_dir: Path) -> tuple[DeptStrategy, Checkpoint]:
+    """The strategy restored from the newest checkpoint that verifies and restores, after
+    checking that the run config still matches it (a changed run is refused, not resumed)."""
+    restored: list[DeptStrategy] = []
+
+    def restore(checkpoint: Checkpoint) -> None:
+        _check_same_run(cfg, checkpoint.state["run_config"])
+        strategy = _build_strategy(cfg, str(checkpoint.state["strategy"]["run_id"]))
+        strategy.load_state_dict(checkpoint.tensors, checkpoint.state["strategy"])
+        restored.append(strategy)
+
+    checkpoint = load_latest(out_dir, restore)
     if checkpoint is None:
         raise ConfigError(
             f"config key 'resume' is true but {out_dir / CHECKPOINTS} holds no checkpoint "
             "(set 'output-dir' to the interrupted run's folder)"
         )
-    saved, now = checkpoint.state["run_config"], to_run_config(cfg)
+    strategy = restored[-1]
+    strategy.resumed_after = checkpoint.server_round
+    log.info(
+        "resuming run %s after round %d (%s)",
+        strategy.run_id,
+        checkpoint.server_round,
+        checkpoint.path,
+    )
+    return strategy, checkpoint
+
+
+def _check_same_run(cfg: DeptConfig, saved: Mapping[str, Any]) -> None:
+    now = to_run_config(cfg)
     changed = sorted(k for k in now.keys() - RESUMABLE_CHANGES if saved.get(k) != now[k])
     if changed:
         raise ConfigError(
@@ -109,7 +132,6 @@ def _resume_point(cfg: DeptConfig, out_dir: Path) -> Checkpoint:
             f"({', '.join(f'{k}={saved.get(k)!r}' for k in changed)}); a resumed run must be "
             "the same run"
         )
-    return checkpoint
 
 
 def initial_tensors(cfg: DeptConfig) -> tuple[dict[str, torch.Tensor], tuple[str, ...]]:

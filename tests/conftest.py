@@ -2,14 +2,32 @@
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from dept.config import DeptConfig, load_config
+from dept.logs import PROJECT_LOGGERS
 from tests.helpers import debug_run_config
 
 
 @pytest.fixture
 def debug_config(tmp_path: Path) -> DeptConfig:
     return load_config(debug_run_config(tmp_path))
+
+
+@pytest.fixture
+def project_log(caplog: pytest.LogCaptureFixture) -> Iterator[pytest.LogCaptureFixture]:
+    """``caplog`` that sees the project's records even after an app routed them to
+    Flower's handlers (:func:`dept.logs.route_to` stops their propagation to the root)."""
+    loggers = [logging.getLogger(name) for name in PROJECT_LOGGERS]
+    for logger in loggers:
+        logger.addHandler(caplog.handler)
+    caplog.set_level(logging.INFO)
+    try:
+        yield caplog
+    finally:
+        for logger in loggers:
+            logger.removeHandler(caplog.handler)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Iterable
 from pathlib import Path
@@ -85,7 +86,7 @@ def test_a_killed_run_resumes_to_the_uninterrupted_result(
     variant: str,
     outer: str,
     corrupt_latest: bool,
-    caplog: pytest.LogCaptureFixture,
+    project_log: pytest.LogCaptureFixture,
 ) -> None:
     settings = {
         "variant": variant,
@@ -119,7 +120,7 @@ def test_a_killed_run_resumes_to_the_uninterrupted_result(
     lines = (out / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(line)["round"] for line in lines] == [0, 1, 2, 3]
     if corrupt_latest:
-        assert "round-0002 is unusable" in caplog.text
+        assert "round-0002 is unusable" in project_log.text
 
 
 def test_resume_refuses_a_changed_run_or_a_missing_checkpoint(tmp_path: Path) -> None:
@@ -139,3 +140,58 @@ def test_every_checkpoint_unusable_is_a_clear_error(tmp_path: Path) -> None:
         state.write_text("{not json")
     with pytest.raises(CheckpointError, match="no usable checkpoint"):
         load_latest(tmp_path / "run")
+
+
+def _rewrite_state(folder: Path, edit) -> None:
+    """Edit a checkpoint's state.json (its digest then no longer matches)."""
+    state_file = folder / "state.json"
+    state = json.loads(state_file.read_text())
+    edit(state)
+    state_file.write_text(json.dumps(state))
+
+
+def _resign(folder: Path) -> None:
+    """Make SHA256SUMS match the files again: a checkpoint whole but wrong inside."""
+    sums = "".join(
+        f"{hashlib.sha256((folder / name).read_bytes()).hexdigest()}  {name}\n"
+        for name in ("state.json", "tensors.safetensors")
+    )
+    (folder / "SHA256SUMS").write_text(sums)
+
+
+@pytest.mark.parametrize(
+    ("damage", "logged"),
+    [
+        ("edited round", "state.json does not match its SHA-256"),
+        ("no strategy field", "state.json lacks strategy"),
+        ("round of another folder", "state.json says round 1, its folder round-0002"),
+        ("strategy state incomplete", "unusable (KeyError('history')"),
+    ],
+)
+def test_a_damaged_latest_checkpoint_falls_back_to_the_one_before(
+    tmp_path: Path, damage: str, logged: str, project_log: pytest.LogCaptureFixture
+) -> None:
+    # Prepare: a finished 2-round run, then its newest checkpoint damaged
+    config = _config(tmp_path, "run", **{"num-server-rounds": 2})
+    run_federation(LocalGrid(client_app, NODES, config), config)
+    newest = tmp_path / "run" / "checkpoints" / "round-0002"
+    if damage == "edited round":
+        _rewrite_state(newest, lambda s: s.update(round=1))
+    elif damage == "no strategy field":
+        _rewrite_state(newest, lambda s: s.pop("strategy"))
+        _resign(newest)
+    elif damage == "round of another folder":
+        _rewrite_state(newest, lambda s: s.update(round=1))
+        _resign(newest)
+    else:
+        _rewrite_state(newest, lambda s: s["strategy"].pop("history"))
+        _resign(newest)
+    # Execute
+    resumed = {**config, "resume": True}
+    run_federation(LocalGrid(client_app, NODES, resumed), resumed)
+    # Assert: round 2 re-run from round 1's checkpoint, with a log line naming the damage
+    text = project_log.text
+    assert f"{newest} is unusable" in text and logged in text, text
+    assert "resuming run" in text and "after round 1" in text
+    lines = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(line)["round"] for line in lines] == [0, 1, 2]
