@@ -28,6 +28,7 @@ import tomllib
 from flwr.common.config import parse_config_args
 
 from dept.config import ConfigError, load_config, resolve_path
+from dept.lock import check_folder_free
 from dept.sources import run_sources
 
 PATH_KEYS = ("sources-file", "output-dir", "state-dir")
@@ -151,6 +152,7 @@ def main(argv: list[str] | None = None) -> int:
         overrides = absolute_paths({**_path_defaults(app), **parse_config_args(args.run_config)})
         cfg = load_config(app_defaults(app), overrides=overrides)
         num_nodes = args.num_supernodes or len(run_sources(cfg))
+        check_folder_free(resolve_path(cfg.output_dir))  # usable, and no other run in it
     except (ConfigError, click.ClickException) as exc:
         print(f"dept-run: error: {getattr(exc, 'message', exc)}", file=sys.stderr)
         return 2
