@@ -12,17 +12,20 @@ from __future__ import annotations
 import hashlib
 import json
 import sysconfig
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import datasets
 import numpy as np
+import pyarrow as pa
+from datasets.exceptions import DatasetGenerationError
 from filelock import FileLock
 from transformers import PreTrainedTokenizerFast
 
-from dept.sources import BUILTIN_PREFIX, HF_PREFIX, SourceSpec
+from dept.sources import BUILTIN_PREFIX, HF_PREFIX, SourceSpec, source_files
 from dept.synthetic import ensure_synthetic_corpus
+from dept.text_checks import file_problem, one_line
 
 BUILDER_BY_SUFFIX = {".txt": "text", ".json": "json", ".jsonl": "json", ".parquet": "parquet"}
 STDLIB_VAL_EVERY = 20
@@ -63,21 +66,82 @@ def load_source_text(spec: SourceSpec, cache_dir: Path, seed: int) -> SourceText
 
 def _load_files(builder: str, files: dict[str, str], spec: SourceSpec) -> datasets.DatasetDict:
     kwargs = {"sample_by": spec.sample_by} if builder == "text" else {}
-    loaded = datasets.load_dataset(builder, data_files=files, **kwargs)
-    return datasets.DatasetDict({k: _text_only(v, spec) for k, v in loaded.items()})
+    try:  # (StopIteration is what datasets' json builder raises for an empty file)
+        loaded = datasets.load_dataset(builder, data_files=files, **kwargs)
+    except (DatasetGenerationError, ValueError, pa.ArrowException, StopIteration) as exc:
+        raise _load_error(spec, exc) from exc
+    return datasets.DatasetDict(
+        {k: _text_only(v, spec, _files_named(spec, files[k])) for k, v in loaded.items()}
+    )
 
 
-def _text_only(table: datasets.Dataset, spec: SourceSpec) -> datasets.Dataset:
+def _files_named(spec: SourceSpec, pattern: str) -> str:
+    """``pattern`` as a message names it: the file, or the glob and how many files it matches."""
+    matches = source_files(spec) if spec.kind == "files" else [Path(pattern)]
+    if len(matches) == 1:
+        return str(matches[0])
+    return f"{pattern} ({len(matches)} files, rows counted across them in name order)"
+
+
+def _load_error(spec: SourceSpec, exc: BaseException) -> ValueError:
+    """``datasets`` failing to read a local source, as one line naming source, file and problem.
+
+    The bad file is found by checking each file again (its whole text for a UTF-8 error,
+    which ``datasets`` reports without the file); failing that, the underlying error is named.
+    """
+    causes = list(_chain(exc))
+    whole = any(isinstance(e, UnicodeDecodeError) for e in causes)
+    paths = source_files(spec)
+    for path in paths:
+        problem = file_problem(path, whole=whole)
+        if problem:
+            return ValueError(f"source {spec.name!r}: {path} {problem}")
+    cause = next((e for e in causes if not isinstance(e, DatasetGenerationError)), exc)
+    reason = one_line(str(cause)) or type(cause).__name__
+    where = paths[0] if len(paths) == 1 else spec.path  # the file, else the folder or glob
+    return ValueError(f"source {spec.name!r}: cannot read {where}: {reason}")
+
+
+def _chain(exc: BaseException) -> Iterator[BaseException]:
+    """``exc`` and its causes (``raise ... from``, or raised while handling), outermost first."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        yield current
+        current = current.__cause__ or current.__context__
+
+
+def _text_only(table: datasets.Dataset, spec: SourceSpec, origin: str) -> datasets.Dataset:
+    """The ``text`` column of ``table`` (read from ``origin``), blank and null rows dropped."""
     column = spec.text_column
     if column not in table.column_names:
         raise ValueError(
-            f"source {spec.name!r}: no column {column!r} "
+            f"source {spec.name!r}: no column {column!r} in {origin} "
             f"(columns: {', '.join(table.column_names)}); set 'text-column'"
         )
     table = table.select_columns([column])
     if column != "text":
         table = table.rename_column(column, "text")
-    return table.filter(lambda row: bool(row["text"] and row["text"].strip()))
+    table = table.filter(_has_text(spec, origin), with_indices=True)
+    if not len(table):
+        raise ValueError(f"source {spec.name!r}: {origin} has no text (no non-blank {column!r})")
+    return table
+
+
+def _has_text(spec: SourceSpec, origin: str) -> Callable[[dict, int], bool]:
+    """A row filter keeping non-blank text; a value that is neither text nor null is an error."""
+
+    def has_text(row: dict, index: int) -> bool:
+        text = row["text"]
+        if text is not None and not isinstance(text, str):
+            raise ValueError(
+                f"source {spec.name!r}: column {spec.text_column!r} of {origin} holds "
+                f"{type(text).__name__} values (row {index}), not text"
+            )
+        return bool(text and text.strip())
+
+    return has_text
 
 
 def _hold_out(table: datasets.Dataset, spec: SourceSpec, seed: int) -> SourceText:
@@ -99,13 +163,19 @@ def _load_hub(spec: SourceSpec, cache_dir: Path, seed: int) -> SourceText:
     if spec.streaming:
         table = _streamed_prefix(spec, load, cache_dir)
     else:
-        table = _text_only(datasets.load_dataset(split=spec.split, **load), spec)
+        table = datasets.load_dataset(split=spec.split, **load)
+        table = _text_only(table, spec, _hub_split(spec, spec.split))
     if spec.val_split:
         val = datasets.load_dataset(split=spec.val_split, **load)
         val_rows = val if not spec.streaming else _take_bytes(val, spec, 2_000_000)
-        val_table = _text_only(datasets.Dataset.from_list(list(val_rows)), spec)
+        val_table = datasets.Dataset.from_list(list(val_rows))
+        val_table = _text_only(val_table, spec, _hub_split(spec, spec.val_split))
         return SourceText(_capped(table, spec.max_train_bytes), val_table)
     return _hold_out(table, spec, seed)
+
+
+def _hub_split(spec: SourceSpec, split: str) -> str:
+    return f"{spec.path} (split {split!r})"
 
 
 def _streamed_prefix(spec: SourceSpec, load: dict, cache_dir: Path) -> datasets.Dataset:
@@ -121,7 +191,8 @@ def _streamed_prefix(spec: SourceSpec, load: dict, cache_dir: Path) -> datasets.
         if not path.is_file():
             stream = datasets.load_dataset(split=spec.split, **load)
             rows = _take_bytes(stream, spec, spec.max_train_bytes or 100_000_000)
-            _text_only(datasets.Dataset.from_list(rows), spec).to_parquet(str(path))
+            table = datasets.Dataset.from_list(rows)
+            _text_only(table, spec, _hub_split(spec, spec.split)).to_parquet(str(path))
     return datasets.Dataset.from_parquet(str(path))
 
 

@@ -25,6 +25,7 @@ from typing import Any
 import yaml
 
 from dept.config import ConfigError, DeptConfig, build_structured, resolve_path
+from dept.text_checks import decode_error_text, file_problem, one_line
 from dept.vocab import MIN_VOCAB_SIZE
 
 HF_PREFIX = "hf:"
@@ -103,20 +104,74 @@ def load_sources(sources_file: Path | None) -> list[SourceSpec]:
         return [parse_source(dict(e), Path.cwd()) for e in DEFAULT_SOURCES]
     if not sources_file.is_file():
         raise ConfigError(f"config key 'sources-file': {sources_file} does not exist")
-    data = yaml.safe_load(sources_file.read_text(encoding="utf-8"))
-    entries = data.get("sources") if isinstance(data, dict) else data
-    if not isinstance(entries, list) or not entries:
-        raise ConfigError(f"sources file {sources_file}: expected a non-empty list of sources")
+    where = f"sources file {sources_file}"
+    entries = _source_entries(_read_yaml(sources_file), where)
     specs = []
-    for entry in entries:
+    for number, entry in enumerate(entries, start=1):
         if not isinstance(entry, dict):
-            raise ConfigError(f"sources file {sources_file}: each source must be a mapping")
-        specs.append(parse_source(entry, sources_file.parent))
+            raise ConfigError(
+                f"{where}: each source must be a mapping (entry {number} is {_kind_of(entry)})"
+            )
+        try:
+            specs.append(parse_source(entry, sources_file.parent))
+        except ConfigError as exc:  # omegaconf adds its own key and type lines below the first
+            raise ConfigError(f"{where}: {str(exc).splitlines()[0]}") from exc
     names = [s.name for s in specs]
     duplicates = sorted({n for n in names if names.count(n) > 1})
     if duplicates:
-        raise ConfigError(f"sources file {sources_file}: duplicate names {', '.join(duplicates)}")
+        raise ConfigError(f"{where}: duplicate names {', '.join(duplicates)}")
     return specs
+
+
+def _read_yaml(path: Path) -> Any:
+    """The YAML document in ``path``; any failure is one line naming the file."""
+    where = f"sources file {path}"
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"{where} cannot be read ({exc.strerror or exc})") from exc
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{where} {decode_error_text(exc)}") from exc
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{where} is not valid YAML: {_yaml_problem(exc)}") from exc
+
+
+def _yaml_problem(exc: yaml.YAMLError) -> str:
+    """The parser's problem and where it is, on one line (its own text spans several)."""
+    if not isinstance(exc, yaml.MarkedYAMLError) or not exc.problem:
+        return one_line(str(exc))
+    problem = exc.problem + _at(exc.problem_mark)
+    if exc.context:
+        problem += f" ({exc.context}{_at(exc.context_mark)})"
+    return one_line(problem)
+
+
+def _at(mark: Any) -> str:
+    return f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+
+
+def _source_entries(data: Any, where: str) -> list[Any]:
+    """The source entries of a parsed sources file: a list, or ``sources:`` in a mapping."""
+    entries = data.get("sources") if isinstance(data, dict) else data
+    if not isinstance(entries, list) or not entries:
+        holder = "its 'sources:' holds" if isinstance(data, dict) else "it holds"
+        raise ConfigError(
+            f"{where}: expected a non-empty list of sources; {holder} {_kind_of(entries)}"
+        )
+    return entries
+
+
+def _kind_of(value: Any) -> str:
+    """``value`` as a message describes what was found instead of a source."""
+    if value is None:
+        return "nothing"
+    if isinstance(value, list) and not value:
+        return "an empty list"
+    return f"the {type(value).__name__} {one_line(repr(value), 40)}"
 
 
 def run_sources(cfg: DeptConfig) -> list[SourceSpec]:
@@ -124,12 +179,30 @@ def run_sources(cfg: DeptConfig) -> list[SourceSpec]:
     return load_sources(resolve_path(cfg.sources_file) if cfg.sources_file else None)
 
 
+def source_files(spec: SourceSpec) -> list[Path]:
+    """The local files a ``dir`` or ``files`` source reads, in the order they are read."""
+    if spec.kind == "dir":
+        files = [Path(spec.path) / name for name in ("train.txt", "val.txt")]
+        for path in files:
+            if not path.is_file():
+                raise ConfigError(f"source {spec.name!r}: {path} is missing")
+        return files
+    matches = sorted(Path("/").glob(spec.path.lstrip("/")))
+    if not matches:
+        raise ConfigError(f"source {spec.name!r}: no file matches {spec.path}")
+    return matches
+
+
 def check_source_paths(specs: list[SourceSpec]) -> None:
-    """Fail early, naming the source, when a local source's files are missing."""
+    """Fail early, naming source and file, when a local source's files are missing or bad.
+
+    Only the start of each file is read (sources may be many GB); deeper problems surface,
+    in the same form, when the data is loaded (:mod:`dept.data`).
+    """
     for spec in specs:
-        if spec.kind == "dir":
-            for split_file in ("train.txt", "val.txt"):
-                if not (Path(spec.path) / split_file).is_file():
-                    raise ConfigError(f"source {spec.name!r}: {spec.path}/{split_file} is missing")
-        elif spec.kind == "files" and not sorted(Path("/").glob(spec.path.lstrip("/"))):
-            raise ConfigError(f"source {spec.name!r}: no file matches {spec.path}")
+        if spec.kind not in ("dir", "files"):
+            continue
+        for path in source_files(spec):
+            problem = file_problem(path)
+            if problem:
+                raise ConfigError(f"source {spec.name!r}: {path} {problem}")

@@ -1,8 +1,11 @@
 import json
 from pathlib import Path
 
+import datasets
 import numpy as np
+import pyarrow as pa
 import pytest
+from datasets.exceptions import DatasetGenerationError
 
 from dept.data import (
     SourceText,
@@ -13,7 +16,7 @@ from dept.data import (
     tokenize_source,
     training_batches,
 )
-from dept.sources import SourceSpec
+from dept.sources import SourceSpec, check_source_paths
 from dept.synthetic import SCRIPTS, ensure_synthetic_corpus, make_grammar, oracle_bpb
 from dept.vocab import load_tokenizer, tokenizer_digest, train_tokenizer
 from tests.helpers import corpus
@@ -71,8 +74,6 @@ def test_file_sources_hold_out_validation(tmp_path: Path, suffix: str) -> None:
     if suffix == ".jsonl":
         path.write_text("\n".join(json.dumps(r) for r in rows))
     else:
-        import datasets
-
         datasets.Dataset.from_list(rows).to_parquet(str(path))
     spec = SourceSpec(name="docs", path=str(path), text_column="body", val_fraction=0.1)
     text = load_source_text(spec, tmp_path / "cache", seed=0)
@@ -110,8 +111,6 @@ def test_text_spelling_the_eos_token_is_not_a_boundary(tmp_path: Path) -> None:
     docs = ["a <|endoftext|> b " * 30, "plain text " * 30]
     tok_path = train_tokenizer(docs, 300, tmp_path / "tok")
     tok = load_tokenizer(tok_path)
-    import datasets
-
     table = datasets.Dataset.from_dict({"text": docs})
     text = SourceText(table, table)
     tokens = tokenize_source(text, tok, tokenizer_digest(tok_path), tmp_path / "cache")
@@ -122,8 +121,6 @@ def test_text_spelling_the_eos_token_is_not_a_boundary(tmp_path: Path) -> None:
 def test_hub_path_loads_through_datasets(tmp_path: Path, streaming: bool) -> None:
     """The ``hf:`` form goes through ``datasets.load_dataset``; offline, a local dataset folder
     stands in for a Hub id (same call, same code path)."""
-    import datasets
-
     folder = tmp_path / "hub-dataset"
     folder.mkdir()
     rows = [{"content": f"row {i} " * 10, "id": i} for i in range(100)]
@@ -142,3 +139,130 @@ def test_hub_path_loads_through_datasets(tmp_path: Path, streaming: bool) -> Non
     assert len(text.validation) > 0
     if streaming:
         assert list((tmp_path / "cache" / "hub").glob("hub-*.parquet")), "the prefix is cached"
+
+
+def _load_fails(spec: SourceSpec, cache: Path, message: str) -> ValueError:
+    """Loading ``spec`` raises exactly ``message``, one line (the server shows the last line)."""
+    with pytest.raises(ValueError) as caught:
+        load_source_text(spec, cache, seed=0)
+    assert str(caught.value) == message and "\n" not in message
+    return caught.value
+
+
+def _jsonl(path: Path, values: list) -> Path:
+    path.write_text("".join(json.dumps({"content": v}) + "\n" for v in values))
+    return path
+
+
+def test_invalid_utf8_past_the_sniff_is_named_with_its_offset(tmp_path: Path) -> None:
+    folder = tmp_path / "de"
+    folder.mkdir()
+    (folder / "train.txt").write_bytes(b"word " * 20_000 + b"\xff more\n")
+    (folder / "val.txt").write_text("fine\n")
+    spec = SourceSpec(name="de", path=str(folder))
+    check_source_paths([spec])  # the first 64 KiB are fine
+    error = _load_fails(
+        spec,
+        tmp_path / "cache",
+        f"source 'de': {folder / 'train.txt'} is not UTF-8 text "
+        "(invalid byte 0xff at offset 100000)",
+    )
+    assert isinstance(error.__cause__, DatasetGenerationError), "the traceback is kept"
+
+
+def test_an_empty_file_is_named_by_the_load_too(tmp_path: Path) -> None:
+    """Loading without the node's early check (a script, a benchmark) still names the file."""
+    path = tmp_path / "docs.jsonl"
+    path.write_text("")
+    spec = SourceSpec(name="docs", path=str(path))
+    _load_fails(spec, tmp_path / "cache", f"source 'docs': {path} is empty")
+
+
+@pytest.mark.parametrize(
+    ("bad", "row", "found"), [(17, 17, "int"), (["a", "b"], 3, "list"), ({"a": 1}, 5, "dict")]
+)
+def test_a_text_column_of_other_types_is_named(
+    tmp_path: Path, bad: object, row: int, found: str
+) -> None:
+    values: list = [f"document {i}" for i in range(40)]
+    values[row] = bad
+    path = _jsonl(tmp_path / "code.jsonl", values)
+    spec = SourceSpec(name="code", path=str(path), text_column="content")
+    check_source_paths([spec])
+    _load_fails(
+        spec,
+        tmp_path / "cache",
+        f"source 'code': column 'content' of {path} holds {found} values (row {row}), not text",
+    )
+
+
+def test_a_type_change_deep_in_a_file_is_named(tmp_path: Path) -> None:
+    values: list = ["ab"] * 100_010
+    values[100_000] = 7
+    path = _jsonl(tmp_path / "code.jsonl", values)
+    spec = SourceSpec(name="code", path=str(path), text_column="content")
+    _load_fails(
+        spec,
+        tmp_path / "cache",
+        f"source 'code': column 'content' of {path} holds int values (row 100000), not text",
+    )
+
+
+def test_null_and_blank_rows_are_skipped_but_a_source_needs_some_text(tmp_path: Path) -> None:
+    path = _jsonl(tmp_path / "docs.jsonl", [None, "", "  ", *[f"doc {i}" for i in range(20)]])
+    spec = SourceSpec(name="docs", path=str(path), text_column="content", val_fraction=0.1)
+    text = load_source_text(spec, tmp_path / "cache", seed=0)
+    assert len(text.train) + len(text.validation) == 20
+    _jsonl(path, [None, "", " \n "])
+    _load_fails(
+        spec, tmp_path / "cache", f"source 'docs': {path} has no text (no non-blank 'content')"
+    )
+
+
+def test_a_glob_names_its_pattern_and_files(tmp_path: Path) -> None:
+    _jsonl(tmp_path / "a.jsonl", ["one", 2])
+    _jsonl(tmp_path / "b.jsonl", ["three"])
+    pattern = str(tmp_path / "*.jsonl")
+    spec = SourceSpec(name="code", path=pattern, text_column="content")
+    _load_fails(
+        spec,
+        tmp_path / "cache",
+        f"source 'code': column 'content' of {pattern} (2 files, rows counted across them "
+        "in name order) holds int values (row 1), not text",
+    )
+
+
+def test_a_parser_error_is_named_with_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "docs.jsonl"
+    path.write_text('{"text": "a"}\n{"text": \n')
+    spec = SourceSpec(name="docs", path=str(path))
+    error = _load_fails(
+        spec,
+        tmp_path / "cache",
+        f"source 'docs': cannot read {path}: JSON parse error: Invalid value. in row 1",
+    )
+    assert isinstance(error.__cause__, DatasetGenerationError)
+
+
+def test_pyarrow_errors_are_translated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Other ``datasets`` versions report a type change as pyarrow's parse error."""
+    path = _jsonl(tmp_path / "code.jsonl", ["fine"])
+
+    def load_dataset(*args: object, **kwargs: object) -> None:
+        try:
+            raise pa.ArrowInvalid(
+                "JSON parse error: Column(/content) changed from string\nto number"
+            )
+        except pa.ArrowInvalid as exc:
+            raise DatasetGenerationError("An error occurred while generating the dataset") from exc
+
+    monkeypatch.setattr(datasets, "load_dataset", load_dataset)
+    spec = SourceSpec(name="code", path=str(path), text_column="content")
+    error = _load_fails(
+        spec,
+        tmp_path / "cache",
+        f"source 'code': cannot read {path}: JSON parse error: Column(/content) changed from "
+        "string to number",
+    )
+    assert isinstance(error.__cause__, DatasetGenerationError)
+    assert isinstance(error.__cause__.__cause__, pa.ArrowInvalid)
