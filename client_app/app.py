@@ -107,6 +107,14 @@ def query(msg: Message, context: Context) -> Message:
     return _reply_or_error(msg, context, run)
 
 
+def _last_trained(config: ConfigRecord) -> int:
+    return int(config.get(keys.LAST_TRAINED, -1))  # type: ignore[arg-type]
+
+
+def _info(client: SourceClient, state_event: str) -> ConfigRecord:
+    return ConfigRecord({keys.SOURCE: client.spec.name, keys.STATE_EVENT: state_event})
+
+
 def _attempt(config: ConfigRecord) -> Attempt:
     return Attempt(
         str(config.get(keys.ATTEMPT, "")),
@@ -130,6 +138,7 @@ def train(msg: Message, context: Context) -> Message:
             int(config[keys.GLOBAL_STEP]),  # type: ignore[arg-type]
             int(config[keys.SERVER_ROUND]),  # type: ignore[arg-type]
             _attempt(config),
+            _last_trained(config),
         )
         arrays = ArrayRecord(result.payload)  # compressed as configured; ids stay int32
         if client.shared_ids is not None:
@@ -147,7 +156,7 @@ def train(msg: Message, context: Context) -> Message:
                 keys.EMBEDDING_PARAMS: client.embedding_params(),
             }
         )
-        info = ConfigRecord({keys.SOURCE: client.spec.name})
+        info = _info(client, result.state_event)
         return RecordDict({keys.ARRAYS: arrays, keys.METRICS: metrics, keys.INFO: info})
 
     return _reply_or_error(msg, context, run)
@@ -158,10 +167,11 @@ def evaluate(msg: Message, context: Context) -> Message:
     def run() -> RecordDict:
         client = _client(msg, context)
         config = msg.content.config_records[keys.CONFIG]
-        result = client.evaluate(
+        result, state_event = client.evaluate(
             _shared(msg),
             int(config[keys.SERVER_ROUND]),  # type: ignore[arg-type]
             _attempt(config),
+            _last_trained(config),
         )
         metrics = MetricRecord(
             {
@@ -175,7 +185,6 @@ def evaluate(msg: Message, context: Context) -> Message:
                 keys.ORACLE_BPB: client.oracle_bpb if client.oracle_bpb is not None else -1.0,
             }
         )
-        info = ConfigRecord({keys.SOURCE: client.spec.name})
-        return RecordDict({keys.METRICS: metrics, keys.INFO: info})
+        return RecordDict({keys.METRICS: metrics, keys.INFO: _info(client, state_event)})
 
     return _reply_or_error(msg, context, run)

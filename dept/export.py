@@ -85,7 +85,7 @@ def export_source(
     client = SourceClient(
         run.cfg, spec, Workspace(root, run.run_id, spec.name), specs, global_tokenizer_file
     )
-    state = client.state(before_round=run.cfg.num_server_rounds + 1)
+    state = client.state(before_round=run.cfg.num_server_rounds + 1).state
     if state is None and run.cfg.variant != "glob":
         raise ConfigError(
             f"source {source!r} has no trained state under {client.ws.dir}: it never trained "

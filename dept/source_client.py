@@ -49,6 +49,7 @@ from dept.vocab import (
 )
 from dept.workspace import (
     Attempt,
+    FoundState,
     SourceState,
     Workspace,
     global_tokenizer,
@@ -64,6 +65,7 @@ class RoundResult:
     delta: dict[str, torch.Tensor]  # θ_global − θ_local, float32 on CPU
     payload: dict[str, torch.Tensor]  # what is sent for it, as compression-encoded
     stats: TrainStats
+    state_event: str = ""  # what the source reports of its saved state (:func:`state_event`)
 
 
 class SourceClient:
@@ -150,23 +152,38 @@ class SourceClient:
                     param[:shared].copy_(arrays[name])
         return cast(PreTrainedModel, model.to(self.device))  # type: ignore[arg-type]
 
-    def state(self, before_round: int, attempt: Attempt | None = None) -> SourceState | None:
-        """The source's saved state, checked to belong to the tokenizer in use."""
-        state = self.ws.load_state(before_round, attempt)
-        if state is None:
-            return None
-        if state.tokenizer != self.tokenizer_digest:
+    def state(self, before_round: int, attempt: Attempt | None = None) -> FoundState:
+        """The source's newest usable saved state before ``before_round``, checked to belong
+        to the tokenizer in use (a changed tokenizer is an error, not a damaged state)."""
+        found = self.ws.load_state(
+            before_round, attempt, needs_embeddings=self.cfg.variant != "glob"
+        )
+        if found.state is not None and found.state.tokenizer != self.tokenizer_digest:
             raise ValueError(
                 f"source {self.spec.name!r}: the state in {self.ws.dir} was trained for another "
-                f"tokenizer ({state.tokenizer}, now {self.tokenizer_digest}); the source's data "
-                "or vocab-size changed within the run"
+                f"tokenizer ({found.state.tokenizer}, now {self.tokenizer_digest}); the source's "
+                "data or vocab-size changed within the run"
             )
-        if self.cfg.variant != "glob" and not state.embeddings:
-            raise FileNotFoundError(
-                f"source {self.spec.name!r}: the state of round {state.server_round} in "
-                f"{self.ws.dir} has no embeddings file"
+        return found
+
+    def state_event(self, found: FoundState, server_round: int, last_trained: int) -> str:
+        """What to report of the state used in ``server_round`` ("" when it is the one the
+        server expects: that of ``last_trained``, the source's last trained round, -1 for
+        none). A lost or damaged state is never silent: the source starts fresh, or from an
+        older round, and says so."""
+        state, why = found.state, "; ".join(found.unusable)
+        what = "embeddings" if self.cfg.variant != "glob" else "optimizer state and position"
+        if state is None and (last_trained >= 0 or why):
+            event = f"fresh {what} in round {server_round}: state lost ({why or 'no saved state'})"
+        elif state is not None and (why or state.server_round < last_trained):
+            event = (
+                f"{what} from the state of round {state.server_round} in round {server_round}, "
+                f"not round {last_trained}'s ({why or 'its state is missing'})"
             )
-        return state
+        else:
+            return ""
+        log.warning("%s: %s (%s)", self.spec.name, event, self.ws.dir)
+        return event
 
     def _initial_embeddings(
         self, embeddings: dict[str, torch.nn.Parameter]
@@ -185,8 +202,13 @@ class SourceClient:
         global_step: int,
         server_round: int,
         attempt: Attempt | None = None,
+        last_trained: int = -1,
     ) -> RoundResult:
-        state = self.state(server_round, attempt)
+        """Train round ``server_round`` from θ in ``arrays``; ``last_trained`` is the round
+        the server last took an update of this source from (-1: none)."""
+        found = self.state(server_round, attempt)
+        event = self.state_event(found, server_round, last_trained)
+        state = found.state
         model = self.model(arrays, state)
         optimizer = make_inner_optimizer(model, self.cfg)
         if state is not None and state.optimizer is not None and self.cfg.keep_inner_optimizer:
@@ -224,7 +246,7 @@ class SourceClient:
                 residual,
             ),
         )
-        return RoundResult(delta, payload, stats)
+        return RoundResult(delta, payload, stats, event)
 
     def _payload(
         self, delta: dict[str, torch.Tensor], state: SourceState | None
@@ -237,11 +259,18 @@ class SourceClient:
         return compress_with_feedback(delta, state.residual if state is not None else {}, kind)
 
     def evaluate(
-        self, arrays: dict[str, torch.Tensor], server_round: int, attempt: Attempt | None = None
-    ) -> EvalResult:
-        """Score the validation text with θ and the state as of the end of ``server_round``."""
-        return evaluate_stream(
-            self.model(arrays, self.state(server_round + 1, attempt)),
+        self,
+        arrays: dict[str, torch.Tensor],
+        server_round: int,
+        attempt: Attempt | None = None,
+        last_trained: int = -1,
+    ) -> tuple[EvalResult, str]:
+        """Score the validation text with θ and the state as of the end of ``server_round``;
+        also what to report of that state (:meth:`state_event`)."""
+        found = self.state(server_round + 1, attempt)
+        event = self.state_event(found, server_round, last_trained)
+        result = evaluate_stream(
+            self.model(arrays, found.state),
             self.tokens.validation,
             self.token_bytes,
             seq_len=self.cfg.seq_len,
@@ -249,3 +278,4 @@ class SourceClient:
             max_bytes=self.cfg.eval_bytes,
             vocab_map=self.vocab_map,
         )
+        return result, event

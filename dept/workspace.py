@@ -18,14 +18,19 @@ State is kept per round (the last ``KEEP_ROUNDS``): training round t starts from
 state before t. A server that crashed after its clients trained round t but before its own
 checkpoint of t resumes from t-1 and re-runs round t; the clients then start again from the
 same state, so the resumed run is the uninterrupted one. Every file and folder is written
-under a temporary name and renamed, so a crash never leaves half a state.
+under a temporary name and renamed, so a crash never leaves half a state; a state damaged
+anyway (a truncated file, a disk error, an edit) is passed over for the newest good one
+before it, and the reason is kept so the source can report it.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
+import pickle
+import re
 import shutil
 import zlib
 from collections.abc import Iterator
@@ -35,6 +40,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from dept.data import SourceText, StreamPosition, load_source_text
@@ -49,6 +55,19 @@ PROGRESS_FILE = "progress.json"
 PRUNED_FILE = "pruned.json"  # the newest round whose state was deleted to save space
 VOCAB_IDS_FILE = "vocab_ids.npy"
 KEEP_ROUNDS = 4  # the server keeps 3 checkpoints: a fallback to the oldest still finds one
+ROUND_DIR = re.compile(r"round-(\d{4})")  # a stray "round-0001.bak" is not a round's state
+# What reading a damaged state raises (truncated JSON, safetensors or torch zip, a lost file).
+STATE_ERRORS = (
+    OSError,
+    EOFError,
+    ValueError,
+    KeyError,
+    TypeError,
+    RuntimeError,
+    pickle.UnpicklingError,
+    SafetensorError,
+)
+log = logging.getLogger(__name__)
 
 
 def default_state_root() -> Path:
@@ -69,37 +88,49 @@ class Workspace:
         self.dir = root / "runs" / run_id / source
         self.dir.mkdir(parents=True, exist_ok=True)
 
-    def load_state(self, before_round: int, attempt: Attempt | None = None) -> SourceState | None:
-        """The newest valid state saved after a round before ``before_round``; None before
-        the source's first round.
+    def load_state(
+        self, before_round: int, attempt: Attempt | None = None, needs_embeddings: bool = False
+    ) -> FoundState:
+        """The newest usable state saved after a round before ``before_round`` (None before
+        the source's first round, or when every kept state is unusable), and why newer
+        rounds were passed over.
 
         ``attempt`` is the server's current attempt at the run (None: read as it is, e.g. to
         export): a state of a round after the one it resumed after, written by an earlier
         attempt, comes from a crashed server's round that is being re-run, so it is dropped.
+        ``needs_embeddings``: a state without its embeddings file is incomplete.
         """
-        saved = self._saved_rounds()
-        for server_round in reversed([r for r in saved if r < before_round]):
+        unusable: list[str] = []
+        for server_round in reversed([r for r in self._saved_rounds() if r < before_round]):
             folder = self._round_dir(server_round)
-            progress = json.loads((folder / PROGRESS_FILE).read_text())
-            if (
-                attempt is not None
-                and server_round > attempt.resumed_after
-                and progress.get("attempt") != attempt.id
-            ):
-                shutil.rmtree(folder, ignore_errors=True)
+            try:
+                progress = json.loads((folder / PROGRESS_FILE).read_text())
+                if (
+                    attempt is not None
+                    and server_round > attempt.resumed_after
+                    and progress.get("attempt") != attempt.id
+                ):
+                    shutil.rmtree(folder, ignore_errors=True)
+                    continue
+                state = self._read(folder, server_round, progress, needs_embeddings)
+            except STATE_ERRORS as exc:
+                why = f"round {server_round}: {type(exc).__name__}: {exc}".splitlines()[0]
+                log.warning("%s: passing over the unusable state of %s", self.dir, why)
+                unusable.append(why)
                 continue
-            return self._read(folder, server_round, progress)
+            return FoundState(state, tuple(unusable))
         pruned = self._pruned_through()
         if pruned is not None and pruned < before_round:
-            raise FileNotFoundError(
-                f"{self.dir}: the state before round {before_round} was pruned (rounds up to "
-                f"{pruned} are gone; kept: {', '.join(map(str, saved)) or 'none'})"
-            )
-        return None
+            unusable.append(f"the states up to round {pruned} were pruned")
+        return FoundState(None, tuple(unusable))
 
-    def _read(self, folder: Path, server_round: int, progress: dict[str, Any]) -> SourceState:
+    def _read(
+        self, folder: Path, server_round: int, progress: dict[str, Any], needs_embeddings: bool
+    ) -> SourceState:
         embeddings, optimizer = folder / EMBEDDINGS_FILE, folder / OPTIMIZER_FILE
         residual = folder / RESIDUAL_FILE
+        if needs_embeddings and not embeddings.is_file():
+            raise FileNotFoundError(f"{embeddings} is missing")
         return SourceState(
             server_round=server_round,
             embeddings=load_file(str(embeddings)) if embeddings.is_file() else {},
@@ -141,13 +172,17 @@ class Workspace:
 
     def _pruned_through(self) -> int | None:
         path = self.dir / PRUNED_FILE
-        return int(json.loads(path.read_text())) if path.is_file() else None
+        try:
+            return int(json.loads(path.read_text())) if path.is_file() else None
+        except STATE_ERRORS:  # only a hint for the report: a damaged one says nothing
+            return None
 
     def _round_dir(self, server_round: int) -> Path:
         return self.dir / f"round-{server_round:04d}"
 
     def _saved_rounds(self) -> list[int]:
-        return sorted(int(p.name.removeprefix("round-")) for p in self.dir.glob("round-*"))
+        found = (ROUND_DIR.fullmatch(p.name) for p in self.dir.glob("round-*") if p.is_dir())
+        return sorted(int(m.group(1)) for m in found if m)
 
     def load_vocab_ids(self) -> np.ndarray | None:
         path = self.dir / VOCAB_IDS_FILE
@@ -164,6 +199,14 @@ class Attempt:
 
     id: str = ""
     resumed_after: int = -1
+
+
+@dataclass(frozen=True)
+class FoundState:
+    """What :meth:`Workspace.load_state` found."""
+
+    state: SourceState | None
+    unusable: tuple[str, ...] = ()  # why newer saved rounds were passed over, newest first
 
 
 @dataclass

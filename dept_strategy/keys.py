@@ -17,6 +17,7 @@ RUN_ID = "run-id"
 ATTEMPT = "attempt"  # this start of the server on the run (a resume is a new attempt)
 RESUMED_AFTER = "resumed-after"  # the round the attempt resumed after; -1 for a fresh start
 SOURCE = "source"  # which of the node's sources acts (train, evaluate); also in replies' info
+LAST_TRAINED = "last-trained-round"  # the last round the server took this source's update; -1
 REQUEST = "request"  # what a query asks: absent = which sources; VOCABULARY = V_k of SOURCE
 VOCABULARY = "vocabulary"
 
@@ -26,6 +27,9 @@ EMBEDDING_IDS = "embedding-ids"  # TRIM: the global φ rows (V_k) a source holds
 
 # ConfigRecord keys, client -> server (``info`` of a query reply)
 SOURCES = "sources"  # the source names a node serves
+# ``info`` of train and evaluate replies: what the source found of its saved state, "" when
+# it is the expected one ("fresh embeddings in round 5: state lost (...)")
+STATE_EVENT = "state-event"
 
 # MetricRecord keys, client -> server
 NUM_EXAMPLES = "num-examples"  # tokens trained: the aggregation weight

@@ -61,7 +61,7 @@ def test_spec_source_export_matches_the_trained_model_and_generates(tmp_path: Pa
         run.cfg, spec, Workspace(tmp_path / "state", run.run_id, spec.name), run_sources(run.cfg)
     )
     assert client.vocab_map is not None
-    local = client.model(run.body, client.ws.load_state(before_round=2)).eval()
+    local = client.model(run.body, client.ws.load_state(before_round=2).state).eval()
     exported = AutoModelForCausalLM.from_pretrained(out).eval()
     kept = client.vocab_map.kept_ids
     tokens = torch.from_numpy(client.tokens.validation[:32].astype(np.int64))[None]

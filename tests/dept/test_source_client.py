@@ -1,3 +1,4 @@
+import shutil
 from pathlib import Path
 
 import pytest
@@ -30,18 +31,18 @@ def test_embeddings_and_position_persist_between_rounds(tmp_path: Path, variant:
     result = client.train_round(body, global_step=0, server_round=1)
     assert result.delta.keys() == body.keys()
     assert all(d.dtype == torch.float32 for d in result.delta.values())
-    after_round_1 = client.ws.load_state(before_round=2)
+    after_round_1 = client.ws.load_state(before_round=2).state
     assert after_round_1 is not None and after_round_1.optimizer is not None
     position = after_round_1.position
     assert position.offset == client.cfg.local_steps * client.cfg.batch_size
 
     again = _client(tmp_path, variant)  # a new round builds everything anew from disk
-    model = again.model(body, again.ws.load_state(before_round=2))
+    model = again.model(body, again.ws.load_state(before_round=2).state)
     assert torch.equal(
         embedding_parameters(model)["input"].detach(), after_round_1.embeddings["input"]
     )
     again.train_round(body, global_step=client.cfg.local_steps, server_round=2)
-    assert again.ws.load_state(before_round=3).position.offset == 2 * position.offset
+    assert again.ws.load_state(before_round=3).state.position.offset == 2 * position.offset
 
 
 def test_a_rerun_round_starts_from_the_same_state_and_gives_the_same_update(
@@ -90,7 +91,7 @@ def test_the_compression_residual_carries_over_a_node_restart(tmp_path: Path, va
     first = client.train_round(arrays, global_step=0, server_round=1)
     assert first.payload.keys() == payload_keys(shapes, "int8")
     assert all(first.payload[n].dtype == torch.int8 for n in shapes), "φ rows too (TRIM)"
-    residual = client.ws.load_state(before_round=2).residual
+    residual = client.ws.load_state(before_round=2).state.residual
     sent = decode(first.payload, shapes, "int8")
     assert all(torch.equal(residual[n], first.delta[n] - sent[n]) for n in shapes)
 
@@ -108,7 +109,7 @@ def test_without_error_feedback_nothing_is_kept(tmp_path: Path) -> None:
     )
     result = client.train_round(_shared_arrays(client), global_step=0, server_round=1)
     assert all(v.dtype == torch.float16 for v in result.payload.values())
-    assert client.ws.load_state(before_round=2).residual == {}
+    assert client.ws.load_state(before_round=2).state.residual == {}
 
 
 def _shared_arrays(client: SourceClient) -> dict[str, torch.Tensor]:
@@ -119,3 +120,21 @@ def _shared_arrays(client: SourceClient) -> dict[str, torch.Tensor]:
         rows = torch.from_numpy(client.shared_ids.astype("int64"))
         arrays.update({n: p.detach()[rows] for n, p in embedding_parameters(model).items()})
     return arrays
+
+
+def test_a_damaged_or_lost_state_is_reported_never_silent(tmp_path: Path) -> None:
+    client = _client(tmp_path, "spec-opt")
+    body = body_state(build_model("debug", 300, 64, seed=0))
+    assert client.train_round(body, global_step=0, server_round=1).state_event == ""
+    assert client.train_round(body, 8, server_round=2, last_trained=1).state_event == ""
+    embeddings = client.ws.dir / "round-0002" / "embeddings.safetensors"
+    embeddings.write_bytes(embeddings.read_bytes()[:50])  # a disk error in round 2's state
+
+    older = client.train_round(body, 16, server_round=3, last_trained=2).state_event
+    assert older.startswith("embeddings from the state of round 1 in round 3, not round 2's")
+    assert "round 2: SafetensorError" in older
+    shutil.rmtree(client.ws.dir)  # the whole state folder deleted between rounds
+    lost = client.train_round(body, 24, server_round=4, last_trained=3).state_event
+    assert lost == "fresh embeddings in round 4: state lost (no saved state)"
+    _, evaluated = client.evaluate(body, server_round=4, last_trained=4)
+    assert evaluated == "", "round 4's own state is there again"

@@ -7,7 +7,16 @@ import pytest
 import torch
 
 from dept.data import StreamPosition
-from dept.workspace import KEEP_ROUNDS, RESIDUAL_FILE, Attempt, SourceState, Workspace
+from dept.workspace import (
+    EMBEDDINGS_FILE,
+    KEEP_ROUNDS,
+    OPTIMIZER_FILE,
+    PROGRESS_FILE,
+    RESIDUAL_FILE,
+    Attempt,
+    SourceState,
+    Workspace,
+)
 
 
 def _state(server_round: int, attempt: str = "a") -> SourceState:
@@ -28,12 +37,12 @@ def test_the_newest_state_before_a_round_is_loaded_and_old_ones_are_pruned(
     for server_round in range(1, 7):
         ws.save_state(server_round, _state(server_round))
     assert len(list(ws.dir.glob("round-*"))) == KEEP_ROUNDS
-    state = ws.load_state(before_round=5)
+    state = ws.load_state(before_round=5).state
     assert state is not None and state.server_round == 4 and state.position.offset == 4
     assert torch.equal(state.embeddings["input"], torch.full((3, 2), 4.0))
-    with pytest.raises(FileNotFoundError, match="was pruned"):
-        ws.load_state(before_round=3)
-    assert Workspace(tmp_path, "run", "other").load_state(before_round=9) is None
+    pruned = ws.load_state(before_round=3)
+    assert pruned.state is None and pruned.unusable == ("the states up to round 2 were pruned",)
+    assert Workspace(tmp_path, "run", "other").load_state(before_round=9).state is None
 
 
 def test_state_a_crashed_attempt_left_beyond_the_resume_point_is_dropped(
@@ -43,12 +52,13 @@ def test_state_a_crashed_attempt_left_beyond_the_resume_point_is_dropped(
     ws.save_state(2, _state(2, attempt="first"))
     ws.save_state(3, _state(3, attempt="first"))  # trained, but the server died before round 3
     second = Attempt("second", resumed_after=2)
-    assert ws.load_state(before_round=4) is not None, "reading without an attempt drops nothing"
-    resumed = ws.load_state(before_round=4, attempt=second)
+    unfiltered = ws.load_state(before_round=4).state
+    assert unfiltered is not None and unfiltered.server_round == 3, "no attempt: nothing dropped"
+    resumed = ws.load_state(before_round=4, attempt=second).state
     assert resumed is not None and resumed.server_round == 2
     assert not (ws.dir / "round-0003").exists()
     ws.save_state(3, _state(3, attempt="second"))  # the re-run of round 3
-    again = ws.load_state(before_round=4, attempt=second)
+    again = ws.load_state(before_round=4, attempt=second).state
     assert again is not None and again.server_round == 3 and again.attempt == "second"
 
 
@@ -58,8 +68,48 @@ def test_a_residual_is_kept_with_its_round_and_absent_without_one(tmp_path: Path
     ws.save_state(1, _state(1))
     ws.save_state(2, replace(_state(2), residual=residual))
     assert (ws.dir / "round-0002" / RESIDUAL_FILE).is_file()
-    restarted = Workspace(tmp_path, "run", "src").load_state(before_round=3)  # a new process
+    restarted = Workspace(tmp_path, "run", "src").load_state(before_round=3).state  # new process
     assert restarted is not None
     assert torch.equal(restarted.residual["model.norm.weight"], residual["model.norm.weight"])
-    before = ws.load_state(before_round=2)
+    before = ws.load_state(before_round=2).state
     assert before is not None and before.residual == {}
+
+
+@pytest.mark.parametrize(
+    ("damage", "reason"),
+    [
+        ("truncated progress", "JSONDecodeError"),
+        ("truncated embeddings", "SafetensorError"),
+        ("truncated optimizer", "round 3: "),
+        ("embeddings deleted", "embeddings.safetensors is missing"),
+    ],
+)
+def test_a_damaged_newest_state_falls_back_to_the_newest_good_one(
+    tmp_path: Path, damage: str, reason: str
+) -> None:
+    ws = Workspace(tmp_path, "run", "src")
+    for server_round in (1, 2, 3):
+        ws.save_state(server_round, _state(server_round))
+    newest = ws.dir / "round-0003"
+    name = {"truncated progress": PROGRESS_FILE, "truncated optimizer": OPTIMIZER_FILE}.get(
+        damage, EMBEDDINGS_FILE
+    )
+    if damage == "embeddings deleted":
+        (newest / name).unlink()
+    else:
+        (newest / name).write_bytes((newest / name).read_bytes()[:10])
+    found = ws.load_state(before_round=4, needs_embeddings=True)
+    assert found.state is not None and found.state.server_round == 2
+    assert len(found.unusable) == 1 and found.unusable[0].startswith("round 3: ")
+    assert reason in found.unusable[0]
+
+
+def test_a_stray_folder_is_not_a_round(tmp_path: Path) -> None:
+    ws = Workspace(tmp_path, "run", "src")
+    ws.save_state(1, _state(1))
+    (ws.dir / "round-0001.bak").mkdir()
+    (ws.dir / "round-notes").mkdir()
+    found = ws.load_state(before_round=2)
+    assert found.state is not None and found.state.server_round == 1 and not found.unusable
+    ws.save_state(2, _state(2))  # pruning too passes over them
+    assert (ws.dir / "round-0001.bak").is_dir()
