@@ -15,7 +15,8 @@ optimizer) is subtracted. Two paths:
   aggregation`` subtracts the messages' own bytes from the peak.
 - ``streamed``: the same ``aggregate_train`` given the replies one at a time, as the
   ServerApp hands them over while it pulls them (``server_app/arrivals.py``): each is
-  decoded, checked, added to the running mean and dropped, for any number of replies.
+  decoded, checked, spooled to disk (``--spool``) and dropped, for any number of replies;
+  once all are in, the screened mean is read back one tensor at a time.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ from flwr.supercore.task_identity import TaskIdentity
 
 from benchmarks.measure import print_table, result_header, write_outputs
 from dept_strategy import keys
+from dept_strategy.inflight import Target
 from dept_strategy.outer import OuterOptimizer
 from dept_strategy.strategy import DeptStrategy
 
@@ -78,10 +80,16 @@ def peak_rss_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
 
 
-def make_reply(node: int, delta: dict[str, np.ndarray]) -> Message:
-    """A training reply as a ClientApp sends it, to a train instruction for ``node``."""
+def make_instruction(node: int) -> Message:
+    """A train instruction for ``node``, as the strategy sends it (no arrays needed here)."""
     instruction = Message(RecordDict({keys.CONFIG: ConfigRecord()}), node, "train")
     instruction.metadata.__dict__["_message_id"] = uuid.uuid4().hex  # the SuperLink's job
+    return instruction
+
+
+def make_reply(instruction: Message, delta: dict[str, np.ndarray]) -> Message:
+    """A training reply as a ClientApp sends it, to ``instruction``."""
+    node = instruction.metadata.dst_node_id
     content = RecordDict(
         {
             keys.ARRAYS: ArrayRecord({k: Array(v) for k, v in delta.items()}),
@@ -94,12 +102,19 @@ def make_reply(node: int, delta: dict[str, np.ndarray]) -> Message:
     return Message(content, reply_to=instruction)
 
 
-def aggregate(outer: OuterOptimizer, replies: Iterable[Message]) -> None:
-    """One round's aggregation and outer step, through ``DeptStrategy.aggregate_train``."""
-    DeptStrategy(outer=outer, local_steps=25, run_id="bench").aggregate_train(1, replies)
+def aggregate(
+    outer: OuterOptimizer, instructions: list[Message], replies: Iterable[Message], spool: Path
+) -> None:
+    """One round's aggregation and outer step, through ``DeptStrategy.aggregate_train``, for
+    the replies to ``instructions`` (the strategy credits only replies to what it sent)."""
+    strategy = DeptStrategy(outer=outer, local_steps=25, run_id="bench", spool_dir=spool)
+    for message in instructions:
+        node = message.metadata.dst_node_id
+        strategy.in_flight.track(message, Target(node, f"source-{node}"))
+    strategy.aggregate_train(1, replies)
 
 
-def measure(params: float, replies: int, path: str) -> dict[str, Any]:
+def measure(params: float, replies: int, path: str, spool: Path) -> dict[str, Any]:
     """One configuration, in a fresh process: seconds and peak memory of the aggregation."""
     import torch
 
@@ -108,7 +123,8 @@ def measure(params: float, replies: int, path: str) -> dict[str, Any]:
     # A first tiny round loads what the code path imports lazily, before the baseline.
     warm = {"w": np.zeros((16, 16), np.float32)}
     outer = OuterOptimizer({"w": torch.zeros(16, 16)}, kind="fedavg")
-    aggregate(outer, [make_reply(1, warm)])
+    first = make_instruction(1)
+    aggregate(outer, [first], [make_reply(first, warm)], spool)
     shapes = body_shapes(params)
     rng = np.random.default_rng(0)
     outer = OuterOptimizer(
@@ -117,12 +133,13 @@ def measure(params: float, replies: int, path: str) -> dict[str, Any]:
     )
     delta = {n: rng.standard_normal(s, np.float32) * np.float32(1e-3) for n, s in shapes.items()}
     body_bytes = sum(math.prod(s) for s in shapes.values()) * FLOAT32
-    made: Iterator[Message] = (make_reply(i + 1, delta) for i in range(replies))
+    instructions = [make_instruction(i + 1) for i in range(replies)]
+    made: Iterator[Message] = (make_reply(m, delta) for m in instructions)
     gc.collect()
     before = rss_bytes()  # what the server held before the round's replies came in
     held: list[Message] = list(made) if path == "strategy" else []  # as Flower hands them
     started = time.perf_counter()
-    aggregate(outer, held or made)
+    aggregate(outer, instructions, held or made, spool)
     seconds = time.perf_counter() - started
     peak = peak_rss_bytes() - before
     message_bytes = sum(r.content.array_records[keys.ARRAYS].count_bytes() for r in held)
@@ -151,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for size, replies, path in plans:  # one fresh process per configuration, one at a time
         with ProcessPoolExecutor(1, mp_context=get_context("spawn")) as pool:
-            row = pool.submit(measure, size, replies, path).result()
+            row = pool.submit(measure, size, replies, path, args.spool).result()
         print(
             f"{row['body_params'] / 1e6:.1f}M x {replies} {path}: {row['seconds']:.2f} s, "
             f"peak {row['peak_x_body']:.2f}x body",
@@ -217,7 +234,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--quick", action="store_true", help="1M and 4M bodies, 2 and 4 replies")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/server-scaling"))
+    parser.add_argument(
+        "--spool",
+        type=Path,
+        default=None,
+        help="where the round's replies wait on disk (default: <out>/spool)",
+    )
     args = parser.parse_args(argv)
+    args.spool = args.spool or args.out / "spool"
     if args.quick:
         args.sizes, args.replies = [1e6, 4e6], [2, 4]
     return args

@@ -24,6 +24,7 @@ VARIANTS = ("glob", "trim", "spec", "spec-opt")
 OUTER_OPTIMIZERS = ("fedavg", "nesterov", "fedadam")
 DEVICES = ("auto", "cpu", "cuda", "mps")
 COMPRESSIONS = ("none", "fp16", "int8")  # of the pseudo-gradients sent up (dept.compression)
+AGGREGATIONS = ("mean", "trimmed-mean", "median")  # how a round's updates are combined
 BASE_DIR_ENV = "DEPT_HOME"
 T = TypeVar("T")
 
@@ -65,6 +66,9 @@ class DeptConfig:
     outer_momentum: float = 0.9
     compression: str = "none"
     compression_error_feedback: bool = True
+    aggregation: str = "mean"
+    trim_fraction: float = 0.2
+    update_norm_factor: float = 10.0
     fraction_train: float = 1.0
     min_train_nodes: int = 1
     min_train_replies: int = 1
@@ -78,6 +82,7 @@ class DeptConfig:
     seed: int = 0
     device: str = "auto"
     sources_file: str = ""
+    source_keys_file: str = ""
     output_dir: str = "outputs/dept"
     state_dir: str = ""
     resume: bool = False
@@ -90,6 +95,7 @@ class DeptConfig:
         _check_choice("outer-optimizer", self.outer_optimizer, OUTER_OPTIMIZERS)
         _check_choice("device", self.device, DEVICES)
         _check_choice("compression", self.compression, COMPRESSIONS)
+        _check_choice("aggregation", self.aggregation, AGGREGATIONS)
         for name in (
             "num_server_rounds",
             "local_steps",
@@ -130,6 +136,13 @@ class DeptConfig:
         _check("min_lr_ratio", 0 <= self.min_lr_ratio <= 1, "must be in [0, 1]")
         _check("weight_decay", self.weight_decay >= 0, "must be >= 0")
         _check("grad_clip", self.grad_clip >= 0, "must be >= 0 (0 disables clipping)")
+        _check("trim_fraction", 0 < self.trim_fraction < 0.5, "must be in (0, 0.5)")
+        _check(
+            "update_norm_factor",
+            self.update_norm_factor == 0 or self.update_norm_factor > 1,
+            "must be 0 (off) or > 1: a reply is refused beyond this many times the round's "
+            "median size",
+        )
         _check("fraction_train", 0 < self.fraction_train <= 1, "must be in (0, 1]")
         _check("fraction_evaluate", 0 <= self.fraction_evaluate <= 1, "must be in [0, 1]")
         _check("wait_for_nodes_s", self.wait_for_nodes_s > 0, "must be > 0")
@@ -200,7 +213,8 @@ def build_structured(schema_cls: type[T], layers: list[dict[str, Any]], where: s
         obj = OmegaConf.to_object(schema)
     except OmegaConfBaseException as exc:
         key = kebab(str(getattr(exc, "full_key", None) or getattr(exc, "key", None) or "?"))
-        raise ConfigError(f"{where} key '{key}': {getattr(exc, 'msg', exc)}") from exc
+        problem = str(getattr(exc, "msg", exc)).strip().splitlines()[0]  # omegaconf adds lines
+        raise ConfigError(f"{where} key '{key}': {problem}") from exc
     assert isinstance(obj, schema_cls)
     return obj
 

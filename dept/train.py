@@ -61,6 +61,24 @@ def lr_at(step: int, cfg: DeptConfig) -> float:
     return floor + 0.5 * (cfg.lr - floor) * (1 + math.cos(math.pi * progress))
 
 
+def adam_step_bound(betas: tuple[float, float] = ADAM_BETAS) -> float:
+    """The most one Adam step can move a weight, in units of its learning rate, whatever the
+    gradients: |m̂_t / √v̂_t| ≤ this (Cauchy–Schwarz over the two moment sums; reached as
+    t → ∞, 1 at t = 1). About 1.165 for β = (0.9, 0.95)."""
+    b1, b2 = betas
+    return max(1.0, (1 - b1) / math.sqrt((1 - b2) * (1 - b1 * b1 / b2)))
+
+
+def max_round_update(cfg: DeptConfig, start_step: int, max_abs_weight: float) -> float:
+    """The most one round of local training can move any weight, |θ_global − θ_local|: the
+    inner AdamW's reach over the round's learning rates, plus its decoupled weight decay on
+    weights no larger than ``max_abs_weight``. An honest pseudo-gradient never exceeds it,
+    so the server can refuse one that does without any reference to other replies."""
+    lr_sum = sum(lr_at(start_step + step, cfg) for step in range(cfg.local_steps))
+    reach = adam_step_bound() * lr_sum
+    return reach + cfg.weight_decay * lr_sum * (max_abs_weight + reach)
+
+
 def make_inner_optimizer(model: PreTrainedModel, cfg: DeptConfig) -> torch.optim.AdamW:
     """AdamW with weight decay on matrices only (not on norms); fused on CUDA."""
     params = [p for p in model.parameters() if p.requires_grad]

@@ -6,6 +6,12 @@ node config; a simulated one: its share of the run's sources), so the strategy c
 sources, address the right node, and pick up nodes that join a running federation. A node
 that fails to answer (bad node config, unreadable data) is logged with its reason and asked
 again the next round (once per round, so a broken node does not flood the log).
+
+A source has one node at a time: the first that served it keeps it while it is connected,
+and a second node claiming it is refused (both ids logged, the conflict recorded) instead of
+taking its place. Where nodes authenticate, a source can be pinned to a node key
+(:mod:`dept_strategy.identity`): only a node with that key may serve it, so a stranger's
+node cannot take over a source whose own node is down.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ from flwr.app import ConfigRecord, Message, MessageType, RecordDict
 from flwr.serverapp import Grid
 
 from dept_strategy import keys
+from dept_strategy.identity import fingerprint, node_keys
 from dept_strategy.inflight import InFlight, Target
 from dept_strategy.validation import last_line
 
@@ -33,15 +40,26 @@ class SourceDirectory:
     """The node → sources map of a run, refreshed as nodes come and go."""
 
     def __init__(
-        self, *, run_id: str, min_nodes: int, wait_s: float, query_timeout_s: float
+        self,
+        *,
+        run_id: str,
+        min_nodes: int,
+        wait_s: float,
+        query_timeout_s: float,
+        pinned: dict[str, bytes] | None = None,
     ) -> None:
+        """``pinned``: source → the DER public key its node must authenticate with."""
         self.run_id = run_id
         self.min_nodes = max(1, min_nodes)
         self.wait_s = wait_s
         self.query_timeout_s = query_timeout_s
-        self.node_sources: dict[int, list[str]] = {}
+        self.pinned = pinned or {}
+        self.node_sources: dict[int, list[str]] = {}  # in the order nodes first answered
         self.asked_in_round: dict[int, int] = {}
         self.failures: dict[int, str] = {}  # node -> why it could not say what it serves
+        self.owner: dict[str, int] = {}  # source -> the node serving it
+        self.refused: set[tuple[str, int]] = set()  # (source, node) conflicts already reported
+        self.conflicts: list[dict[str, str]] = []  # what was refused, for the run's report
 
     def refresh(
         self, grid: Grid, server_round: int, on_failure: Callable[[int, str], None]
@@ -56,20 +74,60 @@ class SourceDirectory:
         self.asked_in_round.update(dict.fromkeys(unknown, server_round))
         if unknown:
             self._ask(grid, unknown, on_failure)
-        owners: dict[str, int] = {}
-        for node in sorted(connected & self.node_sources.keys()):
+        keys_of = node_keys(grid) if self.pinned else {}
+        for node in [n for n in self.node_sources if n in connected]:  # first answered first
             for source in self.node_sources[node]:
-                if source in owners:
-                    log.warning(
-                        "source %s is served by nodes %d and %d; using %d",
-                        source,
-                        owners[source],
-                        node,
-                        owners[source],
-                    )
-                    continue
-                owners[source] = node
-        return owners
+                self._claim(server_round, source, node, connected, keys_of)
+        return {
+            s: n
+            for s, n in self.owner.items()
+            if n in connected and s in self.node_sources.get(n, ())
+        }
+
+    def _claim(
+        self,
+        server_round: int,
+        source: str,
+        node: int,
+        connected: set[int],
+        keys_of: dict[int, bytes],
+    ) -> None:
+        """Give ``source`` to ``node`` unless a connected node serves it or a pin forbids."""
+        holder = self.owner.get(source)
+        if holder == node:
+            return
+        if source in self.pinned and keys_of.get(node) != self.pinned[source]:
+            key = keys_of.get(node)
+            why = (
+                f"its key ({fingerprint(key) if key else 'none: the node did not authenticate'})"
+                f" is not the key {source} is pinned to ({fingerprint(self.pinned[source])})"
+            )
+            self._refuse(server_round, source, node, holder, why)
+        elif holder is not None and holder in connected:
+            self._refuse(server_round, source, node, holder, f"node {holder} serves it already")
+        else:
+            if holder is not None:
+                log.info("source %s moves from node %d (gone) to node %d", source, holder, node)
+            self.owner[source] = node
+
+    def _refuse(
+        self, server_round: int, source: str, node: int, holder: int | None, why: str
+    ) -> None:
+        if (source, node) in self.refused:
+            return
+        self.refused.add((source, node))
+        log.warning(
+            "round %d: node %d claims source %s; refused: %s", server_round, node, source, why
+        )
+        self.conflicts.append(
+            {
+                "round": str(server_round),
+                "source": source,
+                "refused_node": str(node),
+                "kept_node": str(holder) if holder is not None else "",
+                "reason": why,
+            }
+        )
 
     def _ask(self, grid: Grid, nodes: list[int], on_failure: Callable[[int, str], None]) -> None:
         config = ConfigRecord({keys.RUN_ID: self.run_id})
@@ -92,7 +150,9 @@ class SourceDirectory:
             )
 
     def forget(self, node: int) -> None:
-        """Ask ``node`` again next round (it failed: it may have restarted with other data)."""
+        """Ask ``node`` again next round (it failed: it may have restarted with other data).
+        It keeps its sources meanwhile, so no other node takes them over; what it no longer
+        serves when it answers again is let go then."""
         self.node_sources.pop(node, None)
 
     def _learn(self, node: int, reply: Message, on_failure: Callable[[int, str], None]) -> None:
@@ -109,6 +169,10 @@ class SourceDirectory:
             return
         self.failures.pop(node, None)
         self.node_sources[node] = [str(s) for s in sources]
+        for source in [
+            s for s, n in self.owner.items() if n == node and s not in self.node_sources[node]
+        ]:
+            del self.owner[source]  # it restarted serving other data
         log.info("node %d serves %s", node, ", ".join(self.node_sources[node]) or "no source")
 
     def wait(

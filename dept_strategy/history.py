@@ -49,8 +49,10 @@ class RoundRecord:
     sampled: int = 0
     train: dict[str, dict[str, float]] = field(default_factory=dict)
     eval: dict[str, dict[str, float]] = field(default_factory=dict)
-    rejected: list[dict[str, str]] = field(default_factory=list)
-    failed: list[dict[str, str]] = field(default_factory=list)
+    rejected: list[dict[str, str]] = field(default_factory=list)  # refused updates, named
+    failed: list[dict[str, str]] = field(default_factory=list)  # error replies, no reply
+    ignored: list[dict[str, str]] = field(default_factory=list)  # unsolicited, duplicates
+    state_events: list[dict[str, str]] = field(default_factory=list)  # lost or damaged state
     bytes_up: int = 0
     bytes_down: int = 0
     wall_s: float = 0.0  # since the run started, when the round ended
@@ -65,6 +67,7 @@ class RunHistory:
         self.rounds: dict[int, RoundRecord] = {}
         self.embedding_params: dict[str, int] = {}
         self.oracle_bpb: dict[str, float] = {}
+        self.conflicts: list[dict[str, str]] = []  # nodes refused a source another one serves
 
     def at(self, server_round: int, global_step: int = 0) -> RoundRecord:
         if server_round not in self.rounds:
@@ -102,6 +105,11 @@ class RunHistory:
                 return server_round, self.rounds[server_round].eval[source]
         return None
 
+    def last_trained(self, source: str, before_round: int) -> int:
+        """The last round before ``before_round`` whose update of ``source`` was taken; -1."""
+        rounds = [r for r, rec in self.rounds.items() if r < before_round and source in rec.train]
+        return max(rounds, default=-1)
+
     def tokens_trained(self, source: str) -> int:
         return int(
             sum(r.train.get(source, {}).get(keys.NUM_EXAMPLES, 0) for r in self.rounds.values())
@@ -123,6 +131,7 @@ class RunHistory:
             "rounds": [asdict(r) for _, r in sorted(self.rounds.items())],
             "embedding_params": self.embedding_params,
             "oracle_bpb": self.oracle_bpb,
+            "conflicts": self.conflicts,
         }
 
     @classmethod
@@ -132,7 +141,25 @@ class RunHistory:
         history.rounds = {int(r["round"]): RoundRecord(**r) for r in state["rounds"]}
         history.embedding_params = {k: int(v) for k, v in state["embedding_params"].items()}
         history.oracle_bpb = {k: float(v) for k, v in state["oracle_bpb"].items()}
+        history.conflicts = list(state.get("conflicts", []))
         return history
+
+    def problems(self) -> list[dict[str, Any]]:
+        """Everything that did not go as planned, by round: error or missing replies
+        (``failed``), refused updates and evaluations (``rejected``), replies credited to
+        nobody (``ignored``), lost or damaged client state (``state``), and nodes refused a
+        source (``conflict``); each names its source (where known), node and reason."""
+        found: list[dict[str, Any]] = []
+        for server_round, record in sorted(self.rounds.items()):
+            for kind, entries in (
+                ("failed", record.failed),
+                ("rejected", record.rejected),
+                ("ignored", record.ignored),
+                ("state", record.state_events),
+            ):
+                found.extend({"round": server_round, "kind": kind, **e} for e in entries)
+        found.extend({**c, "round": int(c["round"]), "kind": "conflict"} for c in self.conflicts)
+        return sorted(found, key=lambda p: p["round"])
 
     def round_json(self, server_round: int) -> dict[str, Any]:
         """One line of ``metrics.jsonl``."""
@@ -150,6 +177,8 @@ class RunHistory:
                 "tokens_per_s": train.get(keys.TOKENS_PER_S, math.nan),
                 "bytes_up": train.get("bytes_up", 0),
                 "bytes_down": train.get(keys.BYTES_RECEIVED, 0),
+                "update_rms": train.get("update_rms", math.nan),
+                "update_max": train.get("update_max", math.nan),
             }
         return {
             "round": server_round,
@@ -160,6 +189,8 @@ class RunHistory:
             "sources": per_source,
             "rejected": record.rejected,
             "failed": record.failed,
+            "ignored": record.ignored,
+            "state_events": record.state_events,
             "bytes_up": record.bytes_up,
             "bytes_down": record.bytes_down,
         }

@@ -3,8 +3,10 @@
 Round t: sample sources (found through :mod:`dept_strategy.discovery`), send each source's
 node the shared tensors with the round's global step, receive pseudo-gradients
 Δ_k = shared_{t-1} − shared_k weighted by tokens trained, check and decode each one
-(float32, fp16 or int8: ``compression``), average them as they come
-(:mod:`dept_strategy.aggregate`), and take the outer optimizer step.
+(float32, fp16 or int8: ``compression``) and spool it as it comes
+(:mod:`dept_strategy.aggregate`), refuse the ones too large to be honest
+(:mod:`dept_strategy.screening`), combine the rest (weighted mean, or a robust rule), and take
+the outer optimizer step. Only accepted replies are credited with their tokens.
 
 What is shared, by variant:
 
@@ -19,14 +21,15 @@ from __future__ import annotations
 import logging
 import math
 import random
+import tempfile
 import uuid
 from collections.abc import Callable, Iterable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 from flwr.app import (
-    Array,
     ArrayRecord,
     ConfigRecord,
     Message,
@@ -39,19 +42,14 @@ from flwr.serverapp.strategy import Strategy
 
 from dept.config import COMPRESSIONS
 from dept_strategy import keys
-from dept_strategy.aggregate import RoundMean
+from dept_strategy.aggregate import RoundSpool
 from dept_strategy.discovery import SourceDirectory
 from dept_strategy.history import RunHistory
 from dept_strategy.inflight import InFlight, Target
 from dept_strategy.outer import OuterOptimizer
-from dept_strategy.validation import (
-    RejectedReply,
-    check_train_reply,
-    finite_metric,
-    finite_metrics,
-    last_line,
-    reply_source,
-)
+from dept_strategy.replies import Arrival, ReplyDesk
+from dept_strategy.screening import Defences, UpdateStats, median_stats, screen
+from dept_strategy.validation import last_line
 from dept_strategy.vocabularies import SourceVocabularies
 
 log = logging.getLogger(__name__)
@@ -79,10 +77,16 @@ class DeptStrategy(Strategy):
         embedding_names: tuple[str, ...] = (),
         trim: bool = False,
         compression: str = "none",
+        spool_dir: Path | None = None,
+        defences: Defences | None = None,
+        pinned: dict[str, bytes] | None = None,
     ) -> None:
         """``embedding_names``: the φ tensors among the outer optimizer's (GLOB, TRIM);
         ``trim``: send each source only its V_k rows of them; ``compression``: how the
-        clients encode their pseudo-gradients (what goes down stays float32)."""
+        clients encode their pseudo-gradients (what goes down stays float32);
+        ``spool_dir``: where a round's replies wait on disk (default: a temporary folder);
+        ``defences``: how they are screened and combined (:mod:`.screening`); ``pinned``:
+        source → the node key that may serve it (:mod:`.identity`)."""
         if not 0 < fraction_train <= 1:
             raise ValueError(f"fraction_train must be in (0, 1], got {fraction_train}")
         if not 0 <= fraction_evaluate <= 1:
@@ -92,6 +96,9 @@ class DeptStrategy(Strategy):
         if compression not in COMPRESSIONS:
             raise ValueError(f"compression must be one of {COMPRESSIONS}, got {compression!r}")
         self.compression = compression
+        self.spool_dir = spool_dir
+        self.defences = defences or Defences()
+        self.reference: UpdateStats | None = None  # the last accepted round's median sizes
         self.outer = outer
         self.local_steps = local_steps
         self.run_id = run_id
@@ -109,6 +116,7 @@ class DeptStrategy(Strategy):
             min_nodes=min_available_nodes,
             wait_s=wait_for_nodes_s,
             query_timeout_s=query_timeout_s,
+            pinned=pinned,
         )
         self.rng = random.Random(seed)
         self.eval_rng = random.Random(seed + 1)  # evaluation draws do not shift training's
@@ -139,6 +147,7 @@ class DeptStrategy(Strategy):
             "rng": _rng_state(self.rng),
             "eval_rng": _rng_state(self.eval_rng),
             "history": self.history.state_dict(),
+            "reference": self.reference.as_dict() if self.reference else None,
         }
         return tensors, meta
 
@@ -155,6 +164,7 @@ class DeptStrategy(Strategy):
         self.rng.setstate(_rng_tuple(meta["rng"]))
         self.eval_rng.setstate(_rng_tuple(meta["eval_rng"]))
         self.history = RunHistory.from_state_dict(meta["history"])
+        self.reference = UpdateStats(**meta["reference"]) if meta.get("reference") else None
 
     def summary(self) -> None:
         shared = "θ only"
@@ -162,7 +172,8 @@ class DeptStrategy(Strategy):
             shared = "θ + φ rows in V_k" if self.vocabularies else "θ + the whole φ"
         log.info(
             "DEPT strategy: outer %s, fraction-train %.2f (min %d), %d local steps, "
-            "body %d parameters, sends %s, updates come back %s",
+            "body %d parameters, sends %s, updates come back %s, combined by %s; refused "
+            "beyond the inner optimizer's reach%s%s",
             self.outer.kind,
             self.fraction_train,
             self.min_train_nodes,
@@ -170,6 +181,13 @@ class DeptStrategy(Strategy):
             self.history.body_params,
             shared,
             "float32" if self.compression == "none" else f"as {self.compression}",
+            self.defences.aggregation,
+            f" or {self.defences.update_norm_factor:g}x the round's median size"
+            if self.defences.update_norm_factor > 0
+            else "",
+            f"; {len(self.directory.pinned)} source(s) pinned to node keys"
+            if self.directory.pinned
+            else "",
         )
 
     def global_step(self, server_round: int) -> int:
@@ -181,42 +199,40 @@ class DeptStrategy(Strategy):
     ) -> dict[str, int]:
         """``{source: node}`` once enough nodes (and the ``expected`` sources, as far as the
         wait allows) are there; bounded by ``wait-for-nodes-s``."""
-        return self.directory.wait(grid, server_round, self._failure_logger(server_round), expected)
+        return self.directory.wait(grid, server_round, self._node_failed(server_round), expected)
 
-    def _target_failure_logger(self, server_round: int) -> Callable[[Target, str], None]:
-        def record(target: Target, reason: str) -> None:
-            log.warning("round %d: source %s: %s", server_round, target.source, last_line(reason))
-            self._failure_logger(server_round, target.source)(target.node, reason)
+    def _node_failed(self, server_round: int) -> Callable[[int, str], None]:
+        """Records a node that could not say what it serves (no source to name yet)."""
 
-        return record
-
-    def _failure_logger(
-        self, server_round: int, source: str | None = None
-    ) -> Callable[[int, str], None]:
         def record(node: int, reason: str) -> None:
             entry = {"node": str(node), "reason": last_line(reason)}
-            self.history.at(server_round).failed.append(
-                {**entry, "source": source} if source else entry
-            )
+            self.history.at(server_round).failed.append(entry)
 
         return record
+
+    def _desk(self, server_round: int) -> ReplyDesk:
+        return ReplyDesk(self.history, self.in_flight, server_round, self.directory.forget)
 
     def _sample(
         self, grid: Grid, server_round: int, fraction: float, minimum: int, rng: random.Random
     ) -> dict[str, int]:
-        owners = self.directory.refresh(grid, server_round, self._failure_logger(server_round))
+        owners = self.directory.refresh(grid, server_round, self._node_failed(server_round))
         if not owners:
             owners = self.wait_for_sources(grid, server_round)
+        self._take_conflicts()
         k = min(len(owners), max(minimum, math.floor(len(owners) * fraction)))
         chosen = sorted(rng.sample(sorted(owners), k))
         targets = {source: owners[source] for source in chosen}
         if self.vocabularies is None:
             return targets
-        known, received = self.vocabularies.ensure(
-            grid, targets, self._target_failure_logger(server_round)
-        )
+        known, received = self.vocabularies.ensure(grid, targets, self._desk(server_round).failed)
         self.history.record_bytes_up(server_round, received)
         return known
+
+    def _take_conflicts(self) -> None:
+        """Nodes refused a source since the last look, into the run's history."""
+        self.history.conflicts.extend(self.directory.conflicts)
+        self.directory.conflicts = []
 
     def _identify(self, config: ConfigRecord) -> None:
         """Which run and which attempt at it: a node drops state a crashed attempt left."""
@@ -224,43 +240,26 @@ class DeptStrategy(Strategy):
         config[keys.ATTEMPT] = self.attempt
         config[keys.RESUMED_AFTER] = self.resumed_after
 
-    def _arrays_for(
-        self, source: str, arrays: ArrayRecord, phi: dict[str, np.ndarray]
-    ) -> ArrayRecord:
-        """What ``source`` receives: ``arrays`` as is, or with φ cut to its V_k rows (TRIM)."""
-        if self.vocabularies is None:
-            return arrays
-        rows = self.vocabularies.ids[source]
-        trimmed = ArrayRecord()
-        for name in arrays:
-            if name in phi:
-                trimmed[name] = Array(phi[name][rows])
-            else:
-                trimmed[name] = arrays[name]  # the same θ payload, not a copy
-        return trimmed
-
     def _expected(self, source: str) -> tuple[dict[str, tuple[int, ...]], np.ndarray | None]:
         """Shapes a reply from ``source`` must have, and its φ row ids (TRIM)."""
         if self.vocabularies is None:
             return self.shapes, None
-        if source not in self.vocabularies.ids:
-            raise RejectedReply(f"no vocabulary is known for source {source!r}")
-        rows = self.vocabularies.ids[source]
-        shapes = {
-            n: (len(rows), *s[1:]) if n in self.embedding_names else s
-            for n, s in self.shapes.items()
-        }
-        return shapes, rows
+        return self.vocabularies.expected(source, self.shapes, self.embedding_names)
 
     def _messages(
         self, arrays: ArrayRecord, config: ConfigRecord, targets: dict[str, int], message_type: str
     ) -> tuple[list[Message], int]:
         """One message per source, to the node serving it, and the bytes of their arrays."""
         messages, sent = [], 0
-        phi = {n: arrays[n].numpy() for n in self.embedding_names} if self.vocabularies else {}
+        trim = self.vocabularies
+        phi = {n: arrays[n].numpy() for n in self.embedding_names} if trim else {}
+        before = int(config.get(keys.SERVER_ROUND, 0))  # type: ignore[arg-type]
+        if message_type == MessageType.EVALUATE:
+            before += 1  # an evaluation uses the state of its own round's training
         for source, node in targets.items():
-            per_source = ConfigRecord({**config, keys.SOURCE: source})
-            shared = self._arrays_for(source, arrays, phi)
+            last = self.history.last_trained(source, before)
+            per_source = ConfigRecord({**config, keys.SOURCE: source, keys.LAST_TRAINED: last})
+            shared = trim.trimmed(source, arrays, phi) if trim else arrays
             sent += shared.count_bytes()
             record = RecordDict({keys.ARRAYS: shared, keys.CONFIG: per_source})
             message = Message(content=record, dst_node_id=node, message_type=message_type)
@@ -288,109 +287,81 @@ class DeptStrategy(Strategy):
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        mean = RoundMean(self.shapes, self.embedding_names)
-        loss_sum, accepted = 0.0, 0
-        answered: list[str] = []  # ids only: each reply is dropped once it is added
-        for reply in replies:  # may be a stream of replies as they arrive
-            answered.append(reply.metadata.reply_to_message_id)
-            if (weighted_loss := self._accumulate(server_round, reply, mean)) is not None:
-                loss_sum += weighted_loss
-                accepted += 1
-        self._record_missing(server_round, answered)
-        if mean.weight <= 0 or accepted < self.min_train_replies:
-            log.warning(
-                "round %d: %d usable training replies, fewer than %d (config key "
-                "'min-train-replies'); the model is unchanged",
-                server_round,
-                accepted,
-                self.min_train_replies,
+        desk = self._desk(server_round)
+        with RoundSpool(self._spool(server_round), self.shapes, self.embedding_names) as spool:
+            arrivals = []
+            for reply in replies:  # may be a stream: each is spooled, then let go
+                target = desk.claim(reply)
+                if target is None:
+                    continue
+                arrival = desk.decode_train(
+                    reply,
+                    target,
+                    spool,
+                    self._expected,
+                    self.max_tokens_per_round,
+                    self.compression,
+                )
+                if arrival is not None:
+                    arrivals.append(arrival)
+            desk.missing()
+            accepted = self._screen(server_round, arrivals, desk)
+            if len(accepted) < self.min_train_replies:
+                log.warning(
+                    "round %d: %d usable training replies, fewer than %d (config key "
+                    "'min-train-replies'); the model is unchanged",
+                    server_round,
+                    len(accepted),
+                    self.min_train_replies,
+                )
+                return None, None
+            delta, frozen_rows = spool.combine(
+                [a.spooled for a in accepted],
+                self.defences.aggregation,
+                self.defences.trim_fraction,
             )
-            return None, None
-        result = mean.result()
-        if result is None:
-            log.warning(
-                "round %d: the averaged update is not finite; the model is unchanged", server_round
-            )
-            return None, None
-        delta, frozen_rows = result
         self.outer.step(delta, frozen_rows)
-        metrics = MetricRecord(
-            {keys.TRAIN_LOSS: loss_sum / mean.weight, keys.NUM_EXAMPLES: mean.weight}
-        )
-        return ArrayRecord(self.outer.tensors()), metrics
+        return ArrayRecord(self.outer.tensors()), self._credit(server_round, accepted)
 
-    def _accumulate(self, server_round: int, reply: Message, mean: RoundMean) -> float | None:
-        """Add one reply's weighted Δ to ``mean``; its weight × train loss, None if dropped."""
-        target = self._target(reply)
-        if reply.has_error():
-            self._record_error(server_round, reply, target)
-            return None
-        arrays = reply.content.array_records.get(keys.ARRAYS)
-        bytes_up = arrays.count_bytes() if arrays is not None else 0
-        self.history.record_bytes_up(server_round, bytes_up)
-        try:
-            self._check_source(reply, target)
-            shapes, rows = self._expected(target.source)
-            delta, weight = check_train_reply(
-                reply.content, shapes, self.max_tokens_per_round, rows, self.compression
+    def _spool(self, server_round: int) -> Path:
+        if self.spool_dir is None:
+            self.spool_dir = Path(tempfile.mkdtemp(prefix="dept-spool-"))
+        return self.spool_dir / f"round-{server_round:04d}"
+
+    def _screen(self, server_round: int, arrivals: list[Arrival], desk: ReplyDesk) -> list[Arrival]:
+        """The arrivals whose size is honest (:func:`dept_strategy.screening.screen`)."""
+        reach, rules = 0.0, self.defences
+        if rules.reach is not None:
+            max_weight = max(float(t.abs().max()) for t in self.outer.tensors().values())
+            reach = rules.reach(self.global_step(server_round), max_weight)
+        refused = screen(
+            [a.spooled.stats for a in arrivals],
+            reach=reach,
+            factor=rules.update_norm_factor,
+            previous=self.reference,
+        )
+        for index, why in sorted(refused.items()):
+            desk.rejected(arrivals[index].target, why)
+        accepted = [a for i, a in enumerate(arrivals) if i not in refused]
+        self.reference = median_stats([a.spooled.stats for a in accepted]) or self.reference
+        return accepted
+
+    def _credit(self, server_round: int, accepted: list[Arrival]) -> MetricRecord:
+        """Record the accepted replies (their tokens count); the round's train metrics."""
+        weight = sum(a.spooled.weight for a in accepted)
+        loss = 0.0
+        for arrival in accepted:
+            stats = arrival.spooled.stats
+            metrics = {
+                **arrival.metrics,
+                "update_rms": stats.body_rms,
+                "update_max": stats.max_abs,
+            }
+            self.history.record_train(
+                server_round, arrival.target.source, metrics, arrival.bytes_up
             )
-        except RejectedReply as exc:
-            self._record_rejected(server_round, target, exc)
-            return None
-        mean.add(delta, weight, rows)
-        metrics = finite_metrics(reply.content.metric_records[keys.METRICS])
-        self.history.record_train(server_round, target.source, metrics, bytes_up)
-        return weight * metrics.get(keys.TRAIN_LOSS, math.nan)
-
-    def _target(self, reply: Message) -> Target:
-        """Whom a reply is from: by the message it answers, else by what it says."""
-        known = self.in_flight.target_of(reply)
-        if known is not None:
-            return known
-        source = reply_source(reply.content) if reply.has_content() else "?"
-        return Target(reply.metadata.src_node_id, source)
-
-    @staticmethod
-    def _check_source(reply: Message, target: Target) -> None:
-        said = reply_source(reply.content)
-        if said != target.source:
-            raise RejectedReply(f"answered for source {said!r}, was asked for {target.source!r}")
-
-    def _record_error(self, server_round: int, reply: Message, target: Target) -> None:
-        log.warning(
-            "round %d: source %s on node %d failed: %s",
-            server_round,
-            target.source,
-            target.node,
-            reply.error.reason,
-        )
-        self._failure_logger(server_round, target.source)(target.node, reply.error.reason or "?")
-        self.directory.forget(target.node)  # it may have restarted serving other data
-
-    def _record_rejected(self, server_round: int, target: Target, exc: Exception) -> None:
-        log.warning(
-            "round %d: rejected the reply for source %s from node %d: %s",
-            server_round,
-            target.source,
-            target.node,
-            exc,
-        )
-        self.history.at(server_round).rejected.append(
-            {"node": str(target.node), "source": target.source, "reason": str(exc)}
-        )
-
-    def _record_missing(self, server_round: int, answered: list[str]) -> None:
-        """Sampled sources whose node did not answer within ``round-timeout-s``."""
-        for target in self.in_flight.unanswered(answered):
-            reason = "no reply within the round timeout"
-            log.warning(
-                "round %d: source %s on node %d: %s",
-                server_round,
-                target.source,
-                target.node,
-                reason,
-            )
-            self._failure_logger(server_round, target.source)(target.node, reason)
+            loss += arrival.spooled.weight * arrival.metrics.get(keys.TRAIN_LOSS, math.nan)
+        return MetricRecord({keys.TRAIN_LOSS: loss / weight, keys.NUM_EXAMPLES: weight})
 
     def configure_evaluate(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
@@ -411,23 +382,15 @@ class DeptStrategy(Strategy):
     def aggregate_evaluate(
         self, server_round: int, replies: Iterable[Message]
     ) -> MetricRecord | None:
-        replies = list(replies)
+        desk = self._desk(server_round)
         for reply in replies:
-            target = self._target(reply)
-            if reply.has_error():
-                self._record_error(server_round, reply, target)
+            target = desk.claim(reply)
+            if target is None:
                 continue
-            metrics = reply.content.metric_records.get(keys.METRICS)
-            try:
-                self._check_source(reply, target)
-                if metrics is None:
-                    raise RejectedReply(f"no '{keys.METRICS}' record")
-                finite_metric(metrics, keys.VAL_BPB)
-            except RejectedReply as exc:
-                self._record_rejected(server_round, target, exc)
-                continue
-            self.history.record_eval(server_round, target.source, finite_metrics(metrics))
-        self._record_missing(server_round, [r.metadata.reply_to_message_id for r in replies])
+            metrics = desk.check_eval(reply, target)
+            if metrics is not None:
+                self.history.record_eval(server_round, target.source, metrics)
+        desk.missing()
         mean = self.history.mean_val_bpb(server_round)
         return None if math.isnan(mean) else MetricRecord({keys.VAL_BPB: mean})
 

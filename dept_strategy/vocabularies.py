@@ -12,7 +12,7 @@ import logging
 from collections.abc import Callable
 
 import numpy as np
-from flwr.app import ConfigRecord, Message, MessageType, RecordDict
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, RecordDict
 from flwr.serverapp import Grid
 
 from dept_strategy import keys
@@ -30,6 +30,21 @@ class SourceVocabularies:
         self.num_rows = num_rows
         self.timeout_s = timeout_s
         self.ids: dict[str, np.ndarray] = {}
+
+    def trimmed(self, source: str, arrays: ArrayRecord, phi: dict[str, np.ndarray]) -> ArrayRecord:
+        """What ``source`` receives: ``arrays`` with the φ tensors (``phi``, decoded once per
+        round) cut to its V_k rows; θ is the same payload, not a copy."""
+        rows = self.ids[source]
+        return ArrayRecord({n: Array(phi[n][rows]) if n in phi else arrays[n] for n in arrays})
+
+    def expected(
+        self, source: str, shapes: dict[str, tuple[int, ...]], row_tensors: tuple[str, ...]
+    ) -> tuple[dict[str, tuple[int, ...]], np.ndarray]:
+        """Shapes a reply from ``source`` must have, and the φ row ids it must name."""
+        if source not in self.ids:
+            raise RejectedReply(f"no vocabulary is known for source {source!r}")
+        rows = self.ids[source]
+        return {n: (len(rows), *s[1:]) if n in row_tensors else s for n, s in shapes.items()}, rows
 
     def ensure(
         self,

@@ -9,7 +9,9 @@ node finds its state) and the same sampling: it ends as the uninterrupted run wo
 
 from __future__ import annotations
 
+import functools
 import logging
+import shutil
 import time
 import uuid
 from collections.abc import Mapping
@@ -24,7 +26,10 @@ from dept.config import ConfigError, DeptConfig, load_config, resolve_path, to_r
 from dept.lock import exclusive_folder
 from dept.model import body_state, build_model, embedding_parameters
 from dept.sources import run_sources
+from dept.train import max_round_update
+from dept_strategy.identity import load_source_keys
 from dept_strategy.outer import OuterOptimizer
+from dept_strategy.screening import Defences
 from dept_strategy.strategy import DeptStrategy
 from server_app.arrivals import replies_as_they_arrive
 from server_app.checkpoint import CHECKPOINTS, Checkpoint, load_latest, save_checkpoint
@@ -32,6 +37,7 @@ from server_app.report import RunReport
 
 log = logging.getLogger(__name__)
 INITIAL_BODY_VOCAB = 512  # the body does not depend on it; any size builds the same θ
+SPOOL_DIR = ".spool"  # a round's replies wait here until the round is combined
 # Keys that may change between an interrupted run and its resumption: they do not change
 # what is computed, only how long to wait and where.
 RESUMABLE_CHANGES = {
@@ -40,6 +46,7 @@ RESUMABLE_CHANGES = {
     "round-timeout-s",
     "min-available-nodes",
     "device",
+    "source-keys-file",
 }
 
 
@@ -63,6 +70,7 @@ def _run_rounds(grid: Grid, cfg: DeptConfig, out_dir: Path, declared: set[str]) 
         cfg.local_steps,
         out_dir,
     )
+    shutil.rmtree(out_dir / SPOOL_DIR, ignore_errors=True)  # what a crashed run left
     if cfg.resume:  # fails before any work
         strategy, checkpoint = _resume(cfg, out_dir)
     else:
@@ -153,11 +161,21 @@ def _build_strategy(cfg: DeptConfig, run_id: str) -> DeptStrategy:
     outer = OuterOptimizer(
         tensors, kind=cfg.outer_optimizer, lr=cfg.outer_lr, momentum=cfg.outer_momentum
     )
+    defences = Defences(
+        aggregation=cfg.aggregation,
+        trim_fraction=cfg.trim_fraction,
+        update_norm_factor=cfg.update_norm_factor,
+        reach=functools.partial(max_round_update, cfg),
+    )
+    pins = cfg.source_keys_file
     return DeptStrategy(
         outer=outer,
         embedding_names=embedding_names,
         trim=cfg.variant == "trim",
         compression=cfg.compression,
+        spool_dir=resolve_path(cfg.output_dir) / SPOOL_DIR,
+        defences=defences,
+        pinned=load_source_keys(resolve_path(pins)) if pins else None,
         local_steps=cfg.local_steps,
         run_id=run_id,
         fraction_train=cfg.fraction_train,

@@ -96,6 +96,15 @@ class RunReport:
         self._write_csv(history)
         self._plot(history)
         log.info("\n%s", render_table(summary))
+        if summary["problems"]:
+            kinds = sorted({p["kind"] for p in summary["problems"]})
+            log.warning(
+                "%d problem(s) during the run (%s), each with its source, node and reason: see "
+                "'problems' in %s",
+                len(summary["problems"]),
+                ", ".join(kinds),
+                self.out_dir / "summary.json",
+            )
         log.info("outputs written to %s", self.out_dir)
         return summary
 
@@ -225,6 +234,7 @@ def build_summary(history: RunHistory, cfg: DeptConfig, wall_s: float) -> dict[s
         "comm": history.comm.as_dict(),
         "rejected_updates": sum(len(r.rejected) for r in history.rounds.values()),
         "failed_replies": sum(len(r.failed) for r in history.rounds.values()),
+        "problems": history.problems(),
         "wall_s": round(wall_s, 2),
     }
 

@@ -11,6 +11,7 @@ from flwr.app import Array, Message
 from safetensors.torch import load_file
 
 from client_app.app import app as client_app
+from dept.lock import LOCK_FILE
 from dept.model import body_state, build_model
 from dept.workspace import init_embeddings
 from dept_strategy import keys
@@ -193,4 +194,5 @@ def test_a_source_with_missing_data_fails_the_start_naming_it(tmp_path: Path) ->
     )
     with pytest.raises(NotEnoughNodes, match=r"'gone'.*/no/such/corpus"):
         run_federation(grid, run_config)
-    assert not (tmp_path / "out").exists(), "nothing is written before the run can start"
+    written = [p.name for p in (tmp_path / "out").iterdir()]
+    assert written == [LOCK_FILE], "nothing but the run lock is written before the run starts"

@@ -1,13 +1,21 @@
 import math
 
 import numpy as np
+import pytest
 import torch
 
 from dept.config import DeptConfig
 from dept.data import StreamPosition, training_batches
 from dept.evaluate import byte_prefix, evaluate_stream
 from dept.model import build_model
-from dept.train import lr_at, make_inner_optimizer, train_local
+from dept.train import (
+    ADAM_BETAS,
+    adam_step_bound,
+    lr_at,
+    make_inner_optimizer,
+    max_round_update,
+    train_local,
+)
 from dept.vocab import VocabMap
 
 
@@ -76,3 +84,40 @@ def test_tokens_outside_vk_share_the_other_row() -> None:
     )
     # uniform over 10 local rows, then the "other" mass split over 31 outside ids
     assert math.isclose(result.loss, math.log(10) + math.log(31), rel_tol=1e-5)
+
+
+def test_adam_bound_holds_for_every_step_count() -> None:
+    b1, b2 = ADAM_BETAS
+    bound = adam_step_bound()
+    for t in range(1, 3000):
+        ratio = sum((b1 * b1 / b2) ** j for j in range(t))
+        reach = (1 - b1) / (1 - b1**t) * math.sqrt((1 - b2**t) / (1 - b2) * ratio)
+        assert reach <= bound + 1e-12, t
+
+
+@pytest.mark.parametrize("gradients", ["constant", "adversarial", "heavy-tailed"])
+def test_no_round_of_adamw_moves_a_weight_beyond_max_round_update(
+    debug_config: DeptConfig, gradients: str
+) -> None:
+    # Prepare: a weight trained as a client trains, on the round's schedule
+    generator = torch.Generator().manual_seed(0)
+    start = torch.randn(64, generator=generator) * 3
+    weight = torch.nn.Parameter(start.clone())
+    optimizer = torch.optim.AdamW(
+        [weight], lr=debug_config.lr, betas=ADAM_BETAS, weight_decay=debug_config.weight_decay
+    )
+    # Execute
+    for step in range(debug_config.local_steps):
+        for group in optimizer.param_groups:
+            group["lr"] = lr_at(step, debug_config)
+        if gradients == "constant":
+            weight.grad = torch.ones(64)
+        elif gradients == "adversarial":  # tiny, then one huge of the same sign: |m/√v| peaks
+            weight.grad = torch.full((64,), 1e-6 if step < debug_config.local_steps - 1 else 1e3)
+        else:
+            weight.grad = torch.randn(64, generator=generator) ** 3 * 100
+        optimizer.step()
+    # Assert
+    moved = float((weight.detach() - start).abs().max())
+    bound = max_round_update(debug_config, 0, float(start.abs().max()))
+    assert 0 < moved <= bound

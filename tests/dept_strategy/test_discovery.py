@@ -1,8 +1,14 @@
 import time
+from pathlib import Path
 
 import pytest
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from flwr.proto.node_pb2 import NodeInfo
 
+from dept.config import ConfigError
 from dept_strategy.discovery import NotEnoughNodes, SourceDirectory
+from dept_strategy.identity import load_source_keys
 from server_app.local_grid import LocalGrid
 from tests.helpers import directory_app
 
@@ -49,3 +55,74 @@ def test_a_forgotten_node_is_asked_again_next_round() -> None:
     assert directory.refresh(grid, 2, lambda n, r: None) == {"de": 1}, "known nodes are not asked"
     directory.forget(1)
     assert directory.refresh(grid, 2, lambda n, r: None) == {"fr": 1}
+
+
+class KeyedGrid(LocalGrid):
+    """Nodes that authenticated with the given public keys (PEM, as the SuperLink has them);
+    ``connected`` can drop a node as if it went away."""
+
+    def __init__(self, app, pem_by_node: dict[int, bytes]) -> None:
+        super().__init__(app, [{}] * len(pem_by_node), {})
+        self.pem_by_node = pem_by_node
+        self.connected = set(pem_by_node)
+
+    def get_node_ids(self):
+        return sorted(self.connected)
+
+    def get_nodes(self):
+        return [NodeInfo(node_id=n, public_key=self.pem_by_node[n]) for n in self.get_node_ids()]
+
+
+def _key_pair() -> tuple[bytes, str]:
+    """(PEM public key as Flower stores it, the same key in OpenSSH form for a pins file)."""
+    public = ec.generate_private_key(ec.SECP384R1()).public_key()
+    pem = public.public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+    )
+    ssh = public.public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH)
+    return pem, ssh.decode()
+
+
+def test_the_first_node_keeps_a_source_and_a_second_claimant_is_refused() -> None:
+    grid = KeyedGrid(directory_app({1: ["de"], 2: ["de"]}), {1: b"", 2: b""})
+    directory = _directory(wait_s=2)
+    assert directory.refresh(grid, 1, lambda n, r: None) == {"de": 1}
+    [conflict] = directory.conflicts
+    assert conflict["refused_node"] == "2" and conflict["kept_node"] == "1"
+    assert conflict["reason"] == "node 1 serves it already"
+    assert directory.refresh(grid, 2, lambda n, r: None) == {"de": 1}
+    assert len(directory.conflicts) == 1, "a conflict is reported once"
+    grid.connected = {2}  # the first node is gone: the other may take the source over
+    assert directory.refresh(grid, 3, lambda n, r: None) == {"de": 2}
+
+
+def test_a_pinned_source_is_served_only_by_the_node_with_its_key(tmp_path: Path) -> None:
+    # Prepare: node 1 (a stranger's key) answers first; node 2 holds de's key; node 3 none
+    (stranger, _), (own, own_ssh) = _key_pair(), _key_pair()
+    (tmp_path / "de.pub").write_text(own_ssh + "\n")
+    pins = tmp_path / "pins.yaml"
+    pins.write_text("de: de.pub\n")
+    grid = KeyedGrid(
+        directory_app({1: ["de"], 2: ["de"], 3: ["de"]}), {1: stranger, 2: own, 3: b""}
+    )
+    directory = SourceDirectory(
+        run_id="r", min_nodes=0, wait_s=2, query_timeout_s=5, pinned=load_source_keys(pins)
+    )
+    # Execute
+    owners = directory.refresh(grid, 1, lambda n, r: None)
+    # Assert
+    assert owners == {"de": 2}
+    refused = {c["refused_node"]: c["reason"] for c in directory.conflicts}
+    assert set(refused) == {"1", "3"}
+    assert "is not the key de is pinned to (SHA256:" in refused["1"]
+    assert "none: the node did not authenticate" in refused["3"]
+
+
+def test_a_pins_file_that_is_not_keys_is_named(tmp_path: Path) -> None:
+    pins = tmp_path / "pins.yaml"
+    pins.write_text("de: ssh-ed25519 not-base64\n")
+    with pytest.raises(ConfigError, match=r"'source-keys-file': .*pins.yaml, source de: not an"):
+        load_source_keys(pins)
+    pins.write_text("de: missing.pub\n")
+    with pytest.raises(ConfigError, match=r"source de: .*missing\.pub"):
+        load_source_keys(pins)

@@ -6,16 +6,25 @@ import numpy as np
 import pytest
 import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, Error, Message, MetricRecord, RecordDict
+from flwr.supercore.task_identity import TaskIdentity
 
 from dept.compression import SCALE_SUFFIX, encode
 from dept_strategy import keys
 from dept_strategy.discovery import NotEnoughNodes
+from dept_strategy.inflight import Target
 from dept_strategy.outer import OuterOptimizer
+from dept_strategy.screening import Defences
 from dept_strategy.strategy import DeptStrategy
 from server_app.local_grid import LocalGrid
 from tests.helpers import directory_app
 
 BODY = {"a": torch.ones(2, 3), "b": torch.zeros(4)}
+
+
+@pytest.fixture(autouse=True)
+def _as_the_server_app() -> None:
+    """Message() reads the sender from the process-wide identity the runtime sets."""
+    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 0, 0
 
 
 def _strategy(**kwargs) -> DeptStrategy:
@@ -26,13 +35,15 @@ def _strategy(**kwargs) -> DeptStrategy:
     )
 
 
-def _instruction(grid: LocalGrid, node: int) -> Message:
+def _instruction(strategy: DeptStrategy, node: int, source: str) -> Message:
+    """A message the strategy sent (and tracks) to ``node`` for ``source``."""
     msg = Message(RecordDict({keys.CONFIG: ConfigRecord()}), node, "train")
-    msg.metadata.__dict__["_message_id"] = f"m{node}"
+    msg.metadata.__dict__["_message_id"] = f"m{node}-{source}"
+    strategy.in_flight.track(msg, Target(node, source))
     return msg
 
 
-def _reply(grid: LocalGrid, node: int, arrays: dict, weight: float, source: str) -> Message:
+def _reply(strategy: DeptStrategy, node: int, arrays: dict, weight: float, source: str) -> Message:
     content = RecordDict(
         {
             keys.ARRAYS: ArrayRecord({k: Array(np.asarray(v)) for k, v in arrays.items()}),
@@ -47,27 +58,26 @@ def _reply(grid: LocalGrid, node: int, arrays: dict, weight: float, source: str)
             keys.INFO: ConfigRecord({keys.SOURCE: source}),
         }
     )
-    return Message(content, reply_to=_instruction(grid, node))
+    return Message(content, reply_to=_instruction(strategy, node, source))
 
 
 def test_aggregates_good_replies_and_drops_bad_ones() -> None:
     # Prepare
-    grid = LocalGrid(None, [{}] * 8, {})
     strategy = _strategy()
     d1 = {"a": np.full((2, 3), 1.0, np.float32), "b": np.full(4, 2.0, np.float32)}
     d2 = {"a": np.full((2, 3), -1.0, np.float32), "b": np.full(4, 6.0, np.float32)}
     nan = {**d1, "b": np.array([0, np.nan, 0, 0], np.float32)}
     replies = [
-        _reply(grid, 1, d1, 1, "good-1"),
-        _reply(grid, 2, d2, 3, "good-2"),
-        _reply(grid, 3, {"a": d1["a"]}, 1, "missing-key"),
-        _reply(grid, 4, {**d1, "b": np.zeros(5, np.float32)}, 1, "wrong-shape"),
-        _reply(grid, 5, nan, 1, "nan"),
-        _reply(grid, 6, d1, 0, "zero-weight"),
-        _reply(grid, 7, {k: v.astype(np.float64) for k, v in d1.items()}, 1, "float64"),
+        _reply(strategy, 1, d1, 1, "good-1"),
+        _reply(strategy, 2, d2, 3, "good-2"),
+        _reply(strategy, 3, {"a": d1["a"]}, 1, "missing-key"),
+        _reply(strategy, 4, {**d1, "b": np.zeros(5, np.float32)}, 1, "wrong-shape"),
+        _reply(strategy, 5, nan, 1, "nan"),
+        _reply(strategy, 6, d1, 0, "zero-weight"),
+        _reply(strategy, 7, {k: v.astype(np.float64) for k, v in d1.items()}, 1, "float64"),
         Message(
             Error(code=2, reason="Traceback...\nValueError: no data"),
-            reply_to=_instruction(grid, 8),
+            reply_to=_instruction(strategy, 8, "broken"),
         ),
     ]
     # Execute
@@ -84,28 +94,26 @@ def test_aggregates_good_replies_and_drops_bad_ones() -> None:
     reasons = {r["source"]: r["reason"] for r in record.rejected}
     assert set(reasons) == {"missing-key", "wrong-shape", "nan", "zero-weight", "float64"}
     assert "missing ['b']" in reasons["missing-key"] and "NaN" in reasons["nan"]
-    assert record.failed == [{"node": "8", "reason": "ValueError: no data", "source": "?"}]
+    assert record.failed == [{"node": "8", "source": "broken", "reason": "ValueError: no data"}]
     assert strategy.history.comm.bytes_up == sum(
         r.content.array_records[keys.ARRAYS].count_bytes() for r in replies[:7]
     )
 
 
 def test_no_usable_reply_leaves_the_body_unchanged() -> None:
-    grid = LocalGrid(None, [{}], {})
     strategy = _strategy()
-    bad = _reply(grid, 1, {"a": np.zeros((2, 3), np.float32)}, 1, "x")
+    bad = _reply(strategy, 1, {"a": np.zeros((2, 3), np.float32)}, 1, "x")
     assert strategy.aggregate_train(1, [bad]) == (None, None)
     assert torch.equal(strategy.outer.tensors()["a"], BODY["a"])
 
 
 def test_fewer_usable_replies_than_min_train_replies_leave_the_body_unchanged() -> None:
-    grid = LocalGrid(None, [{}] * 3, {})
     strategy = _strategy(min_train_replies=3)
     good = {"a": np.ones((2, 3), np.float32), "b": np.ones(4, np.float32)}
-    replies = [_reply(grid, n, good, 1, f"s{n}") for n in (1, 2)]  # the third node is gone
+    replies = [_reply(strategy, n, good, 1, f"s{n}") for n in (1, 2)]  # the third node is gone
     assert strategy.aggregate_train(1, replies) == (None, None)
     assert torch.equal(strategy.outer.tensors()["a"], BODY["a"])
-    replies = [_reply(grid, n, good, 1, f"s{n}") for n in (1, 2, 3)]
+    replies = [_reply(strategy, n, good, 1, f"s{n}") for n in (1, 2, 3)]
     arrays, _ = strategy.aggregate_train(2, replies)
     assert np.allclose(arrays["a"].numpy(), 0.0)
 
@@ -142,7 +150,6 @@ def test_waiting_for_nodes_is_bounded() -> None:
 
 
 def test_per_source_evaluation_table() -> None:
-    grid = LocalGrid(None, [{}] * 2, {})
     strategy = _strategy()
     replies = []
     for node, (source, bpb) in enumerate([("de", 1.5), ("fr", 2.5)], start=1):
@@ -152,20 +159,19 @@ def test_per_source_evaluation_table() -> None:
                 keys.INFO: ConfigRecord({keys.SOURCE: source}),
             }
         )
-        replies.append(Message(content, reply_to=_instruction(grid, node)))
+        replies.append(Message(content, reply_to=_instruction(strategy, node, source)))
     result = strategy.aggregate_evaluate(2, replies)
     assert math.isclose(result[keys.VAL_BPB], 2.0)
     assert strategy.history.rounds[2].eval["fr"][keys.VAL_BPB] == 2.5
 
 
 def test_unreadable_arrays_and_inflated_weights_are_rejected_not_fatal() -> None:
-    grid = LocalGrid(None, [{}] * 3, {})
     strategy = _strategy(max_tokens_per_round=1000)
     good = {"a": np.zeros((2, 3), np.float32), "b": np.zeros(4, np.float32)}
-    corrupt = _reply(grid, 1, good, 10, "corrupt")
+    corrupt = _reply(strategy, 1, good, 10, "corrupt")
     corrupt.content.array_records[keys.ARRAYS]["b"].data = b"not an npy payload"
-    huge = _reply(grid, 2, {**good, "b": np.full(4, 1e30, np.float32)}, 1e20, "huge")
-    arrays, _ = strategy.aggregate_train(1, [corrupt, huge, _reply(grid, 3, good, 10, "ok")])
+    huge = _reply(strategy, 2, {**good, "b": np.full(4, 1e30, np.float32)}, 1e20, "huge")
+    arrays, _ = strategy.aggregate_train(1, [corrupt, huge, _reply(strategy, 3, good, 10, "ok")])
     reasons = {r["source"]: r["reason"] for r in strategy.history.rounds[1].rejected}
     assert "cannot be read" in reasons["corrupt"] and "num-examples" in reasons["huge"]
     assert np.isfinite(arrays["b"].numpy()).all()
@@ -231,10 +237,9 @@ def test_first_and_last_rounds_evaluate_every_source() -> None:
 
 
 def test_non_finite_side_metrics_do_not_crash_the_bookkeeping() -> None:
-    grid = LocalGrid(None, [{}], {})
     strategy = _strategy()
     good = {"a": np.zeros((2, 3), np.float32), "b": np.zeros(4, np.float32)}
-    reply = _reply(grid, 1, good, 10, "ok")
+    reply = _reply(strategy, 1, good, 10, "ok")
     reply.content.metric_records[keys.METRICS][keys.EMBEDDING_PARAMS] = float("nan")
     reply.content.metric_records[keys.METRICS][keys.LOCAL_STEPS] = float("inf")
     arrays, _ = strategy.aggregate_train(1, [reply])
@@ -252,17 +257,18 @@ def _shared_strategy(trim: bool) -> DeptStrategy:
     )
 
 
-def _trim_reply(grid: LocalGrid, node: int, rows: list[int], value: float, w: float) -> Message:
+def _trim_reply(
+    strategy: DeptStrategy, node: int, rows: list[int], value: float, w: float
+) -> Message:
     body = {"a": np.full((2, 3), value, np.float32), "b": np.full(4, value, np.float32)}
     phi = np.full((len(rows), 2), value, np.float32)
-    reply = _reply(grid, node, {**body, "input": phi}, w, f"s{node}")
+    reply = _reply(strategy, node, {**body, "input": phi}, w, f"s{node}")
     reply.content.array_records[keys.ARRAYS][keys.EMBEDDING_IDS] = Array(np.asarray(rows, np.int32))
     return reply
 
 
 def test_trim_averages_each_row_over_the_clients_that_hold_it() -> None:
     # Prepare: s1 holds rows 0, 1; s2 holds rows 1, 2; nobody holds rows 3, 4
-    grid = LocalGrid(None, [{}] * 3, {})
     strategy = _shared_strategy(trim=True)
     assert strategy.vocabularies is not None
     strategy.vocabularies.ids = {
@@ -271,9 +277,9 @@ def test_trim_averages_each_row_over_the_clients_that_hold_it() -> None:
         "s3": np.array([3]),
     }
     replies = [
-        _trim_reply(grid, 1, [0, 1], 1.0, 1),
-        _trim_reply(grid, 2, [1, 2], 3.0, 3),
-        _trim_reply(grid, 3, [4], 9.0, 1),  # claims a row it was not sent
+        _trim_reply(strategy, 1, [0, 1], 1.0, 1),
+        _trim_reply(strategy, 2, [1, 2], 3.0, 3),
+        _trim_reply(strategy, 3, [4], 9.0, 1),  # claims a row it was not sent
     ]
     # Execute
     arrays, _ = strategy.aggregate_train(1, replies)
@@ -289,7 +295,6 @@ def test_trim_averages_each_row_over_the_clients_that_hold_it() -> None:
 
 
 def test_glob_is_fedavg_on_the_whole_model() -> None:
-    grid = LocalGrid(None, [{}] * 2, {})
     strategy = _shared_strategy(trim=False)
     full = {**BODY, "input": PHI}
     clients = [
@@ -298,7 +303,7 @@ def test_glob_is_fedavg_on_the_whole_model() -> None:
     ]
     weights = [1.0, 3.0]
     replies = [
-        _reply(grid, i + 1, {k: full[k].numpy() - c[k] for k in full}, w, f"s{i + 1}")
+        _reply(strategy, i + 1, {k: full[k].numpy() - c[k] for k in full}, w, f"s{i + 1}")
         for i, (c, w) in enumerate(zip(clients, weights, strict=True))
     ]
     arrays, _ = strategy.aggregate_train(1, replies)
@@ -337,18 +342,17 @@ def test_trim_asks_each_vocabulary_once_and_sends_only_those_rows() -> None:
 
 def test_compressed_replies_are_decoded_and_malformed_ones_rejected() -> None:
     # Prepare: Δ = 1 for "a", 2 for "b", sent as int8 codes with their block scales
-    grid = LocalGrid(None, [{}] * 6, {})
     strategy = _strategy(compression="int8")
     delta = {"a": torch.full((2, 3), 1.0), "b": torch.full((4,), 2.0)}
     good = encode(delta, "int8")
     scale = "a" + SCALE_SUFFIX
     replies = [
-        _reply(grid, 1, good, 1, "good"),
-        _reply(grid, 2, {k: v for k, v in good.items() if k != scale}, 1, "no-scale"),
-        _reply(grid, 3, {**good, "a": good["a"].float()}, 1, "float-codes"),
-        _reply(grid, 4, {**good, scale: torch.tensor([float("nan")])}, 1, "nan-scale"),
-        _reply(grid, 5, {**good, scale: torch.ones(2)}, 1, "two-scales"),
-        _reply(grid, 6, delta, 1, "uncompressed"),
+        _reply(strategy, 1, good, 1, "good"),
+        _reply(strategy, 2, {k: v for k, v in good.items() if k != scale}, 1, "no-scale"),
+        _reply(strategy, 3, {**good, "a": good["a"].float()}, 1, "float-codes"),
+        _reply(strategy, 4, {**good, scale: torch.tensor([float("nan")])}, 1, "nan-scale"),
+        _reply(strategy, 5, {**good, scale: torch.ones(2)}, 1, "two-scales"),
+        _reply(strategy, 6, delta, 1, "uncompressed"),
     ]
     # Execute
     arrays, _ = strategy.aggregate_train(1, replies)
@@ -367,3 +371,97 @@ def test_compressed_replies_are_decoded_and_malformed_ones_rejected() -> None:
     assert record.train["good"]["bytes_up"] == replies[0].content[keys.ARRAYS].count_bytes()
     with pytest.raises(ValueError, match="compression"):
         _strategy(compression="int4")
+
+
+def _honest(value: float) -> dict[str, np.ndarray]:
+    return {"a": np.full((2, 3), value, np.float32), "b": np.full(4, -value, np.float32)}
+
+
+@pytest.mark.parametrize("scale", [1e3, 1e6, None])  # None: values near the float32 limit
+def test_a_poisoned_update_is_refused_alone_and_named(scale: float | None) -> None:
+    # Prepare: three honest sources and one whose update is scaled (or ~3e38)
+    strategy = _strategy()
+    poison = _honest(1e-3 * scale) if scale else _honest(3.3e38)
+    replies = [_reply(strategy, n, _honest(v), 100, f"s{n}") for n, v in ((1, 1e-3), (2, 2e-3))]
+    replies += [
+        _reply(strategy, 3, poison, 100, "poison"),
+        _reply(strategy, 4, _honest(3e-3), 100, "s4"),
+    ]
+    # Execute
+    arrays, metrics = strategy.aggregate_train(1, replies)
+    # Assert: the honest mean, the culprit named, its tokens not credited
+    assert arrays is not None
+    assert np.allclose(arrays["a"].numpy(), 1.0 - 2e-3) and np.allclose(arrays["b"].numpy(), 2e-3)
+    record = strategy.history.rounds[1]
+    assert [r["source"] for r in record.rejected] == ["poison"]
+    assert "the round's median" in record.rejected[0]["reason"]
+    assert metrics[keys.NUM_EXAMPLES] == 300 and strategy.history.tokens_trained("poison") == 0
+    assert [p["source"] for p in strategy.history.problems()] == ["poison"]
+
+
+def test_an_update_beyond_local_trainings_reach_is_refused_even_alone() -> None:
+    strategy = _strategy(defences=Defences(reach=lambda step, biggest: 0.01))
+    replies = [_reply(strategy, 1, _honest(0.5), 100, "alone")]
+    assert strategy.aggregate_train(1, replies) == (None, None)
+    assert (
+        "beyond what this round's local training"
+        in strategy.history.rounds[1].rejected[0]["reason"]
+    )
+    ok = [_reply(strategy, 1, _honest(0.005), 100, "alone")]
+    assert strategy.aggregate_train(2, ok)[0] is not None
+
+
+def test_a_median_rule_is_not_moved_by_a_sign_flipped_source_within_bounds() -> None:
+    strategy = _strategy(defences=Defences(aggregation="median"))
+    values = (1e-3, 1.1e-3, 0.9e-3, 1e-3, -5e-3)  # the last one pulls the wrong way, 5x
+    replies = [_reply(strategy, n, _honest(v), 100, f"s{n}") for n, v in enumerate(values, 1)]
+    arrays, _ = strategy.aggregate_train(1, replies)
+    assert not strategy.history.rounds[1].rejected, "within the size checks"
+    assert np.allclose(arrays["a"].numpy(), 1.0 - 1e-3)
+
+
+def test_duplicate_and_unsolicited_replies_are_ignored_and_recorded() -> None:
+    strategy = _strategy()
+    first = _reply(strategy, 1, _honest(1e-3), 100, "s1")
+    again = _reply(strategy, 1, _honest(1e-3), 100, "s1")  # answers the same message id
+    stranger = Message(first.content, reply_to=Message(RecordDict(), 9, "train"))
+    strategy.aggregate_train(1, [first, again, stranger])
+    record = strategy.history.rounds[1]
+    assert list(record.train) == ["s1"] and not record.rejected
+    reasons = [i["reason"] for i in record.ignored]
+    assert reasons[0].startswith("duplicate") and reasons[1].startswith("unsolicited")
+
+
+@pytest.mark.parametrize(
+    ("metrics", "why"),
+    [
+        ({keys.VAL_BPB: -1e9}, "'val-bpb' is -1e+09; it cannot be below 0"),
+        ({keys.VAL_BPB: 1.0, keys.VAL_PPL: 0.5}, "'val-ppl' is 0.5; it cannot be below 1"),
+        ({keys.VAL_BPB: 1.0, keys.VAL_LOSS: float("inf")}, "'val-loss' must be a finite number"),
+    ],
+)
+def test_evaluation_replies_out_of_range_are_rejected(metrics: dict, why: str) -> None:
+    strategy = _strategy()
+    content = RecordDict(
+        {keys.METRICS: MetricRecord(metrics), keys.INFO: ConfigRecord({keys.SOURCE: "de"})}
+    )
+    strategy.aggregate_evaluate(1, [Message(content, reply_to=_instruction(strategy, 1, "de"))])
+    record = strategy.history.rounds[1]
+    assert not record.eval and why in record.rejected[0]["reason"]
+
+
+def test_the_last_trained_round_goes_out_and_state_events_come_back() -> None:
+    grid = LocalGrid(directory_app({1: ["a"]}), [{}], {})
+    strategy = _strategy(num_rounds=3)
+    body = ArrayRecord(strategy.outer.tensors())
+    [first] = strategy.configure_train(1, body, ConfigRecord(), grid)
+    assert first.content.config_records[keys.CONFIG][keys.LAST_TRAINED] == -1
+    first.metadata.__dict__["_message_id"] = "t1"
+    reply = _reply(strategy, 1, _honest(1e-3), 100, "a")
+    reply.metadata.__dict__["_reply_to_message_id"] = "t1"
+    reply.content.config_records[keys.INFO][keys.STATE_EVENT] = "fresh embeddings: state lost"
+    strategy.aggregate_train(1, [reply])
+    [second] = strategy.configure_train(2, body, ConfigRecord(), grid)
+    assert second.content.config_records[keys.CONFIG][keys.LAST_TRAINED] == 1
+    [event] = strategy.history.rounds[1].state_events
+    assert event == {"node": "1", "source": "a", "event": "fresh embeddings: state lost"}

@@ -1,0 +1,47 @@
+"""The screening of a round's updates: reach, the relative check, and sizes that do not
+overflow."""
+
+import numpy as np
+import pytest
+
+from dept_strategy.screening import UpdateStats, median_stats, screen, update_stats
+
+
+def _stats(rms: float, biggest: float | None = None) -> UpdateStats:
+    return UpdateStats(body_rms=rms, body_max=biggest if biggest is not None else 3 * rms)
+
+
+def test_sizes_of_an_update_near_the_float32_limit_do_not_overflow() -> None:
+    delta = {"w": np.full((4, 4), 3e38, np.float32), "input": np.ones((2, 3), np.float32)}
+    stats = update_stats(delta, embedding_names=("input",))
+    assert stats.body_rms == pytest.approx(3e38, rel=1e-6) and stats.body_max == pytest.approx(3e38)
+    assert stats.embedding_rms == 1.0 and stats.embedding_max == 1.0
+
+
+@pytest.mark.parametrize("scale", [1e3, 1e6, 3e38])
+def test_one_scaled_update_among_four_is_refused_alone(scale: float) -> None:
+    honest = [_stats(1.0e-3), _stats(1.2e-3), _stats(0.9e-3)]
+    refused = screen([*honest, _stats(1.1e-3 * scale)], reach=0, factor=10, previous=None)
+    assert list(refused) == [3]
+    assert "the round's median" in refused[3] and "'update-norm-factor'" in refused[3]
+
+
+def test_one_outlier_of_two_and_a_lone_outlier_are_caught_with_last_rounds_median() -> None:
+    assert list(screen([_stats(1e-3), _stats(5.0)], reach=0, factor=10, previous=None)) == [1]
+    previous = _stats(1e-3)
+    assert list(screen([_stats(5.0)], reach=0, factor=10, previous=previous)) == [0]
+    assert not screen([_stats(2e-3)], reach=0, factor=10, previous=previous)
+
+
+def test_an_update_beyond_the_reach_of_local_training_is_refused_with_no_reference() -> None:
+    refused = screen([_stats(0.01, biggest=2.0)], reach=0.1, factor=0, previous=None)
+    assert "beyond what this round's local training can move a weight (0.1)" in refused[0]
+    assert not screen([_stats(0.01, biggest=0.1)], reach=0.1, factor=0, previous=None)
+
+
+def test_honest_spread_is_kept_and_the_reference_is_the_median() -> None:
+    stats = [_stats(r) for r in (1e-3, 3e-3, 6e-3)]
+    assert not screen(stats, reach=0, factor=10, previous=None)
+    reference = median_stats(stats)
+    assert reference is not None and reference.body_rms == 3e-3
+    assert median_stats([]) is None
