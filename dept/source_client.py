@@ -25,6 +25,7 @@ import numpy as np
 import torch
 from transformers import PreTrainedModel
 
+from dept.budget import Device, check_source_fits
 from dept.compression import compress_with_feedback, encode
 from dept.config import DeptConfig
 from dept.data import (
@@ -81,6 +82,7 @@ class SourceClient:
     ) -> None:
         self.cfg, self.spec, self.ws = cfg, spec, workspace
         self.device = resolve_device(cfg.device)
+        check_source_fits(cfg, spec, Device.here(self.device.type))  # before any real work
         text = load_source_text(spec, workspace.cache, cfg.seed)
         if cfg.variant == "spec-opt":
             tok_path = own_tokenizer(spec, text, workspace.cache, cfg.seed)

@@ -24,7 +24,7 @@ from typing import Any
 
 import yaml
 
-from dept.config import ConfigError, DeptConfig, build_structured, resolve_path
+from dept.config import MAX_VOCAB_SIZE, ConfigError, DeptConfig, build_structured, resolve_path
 from dept.text_checks import decode_error_text, file_problem, one_line
 from dept.vocab import MIN_VOCAB_SIZE
 
@@ -56,8 +56,10 @@ class SourceSpec:
             raise ConfigError(f"{where}: 'name' must match {NAME_PATTERN.pattern}")
         if not self.path:
             raise ConfigError(f"{where}: 'path' is required")
-        if self.vocab_size < MIN_VOCAB_SIZE:
-            raise ConfigError(f"{where}: 'vocab-size' must be >= {MIN_VOCAB_SIZE}")
+        if not MIN_VOCAB_SIZE <= self.vocab_size <= MAX_VOCAB_SIZE:
+            raise ConfigError(
+                f"{where}: 'vocab-size' must be in [{MIN_VOCAB_SIZE}, {MAX_VOCAB_SIZE:,}]"
+            )
         if not 0 < self.val_fraction < 1:
             raise ConfigError(f"{where}: 'val-fraction' must be in (0, 1)")
         if self.sample_by not in SAMPLE_BY:

@@ -19,10 +19,11 @@ import torch.nn.functional as F
 from tqdm import tqdm
 from transformers import PreTrainedModel
 
-from dept.config import DeptConfig
+from dept.config import ConfigError, DeptConfig
 
 log = logging.getLogger(__name__)
 ADAM_BETAS = (0.9, 0.95)
+PROGRESS_EVERY_S = 60.0  # the longest a round goes without a progress line
 
 
 @dataclass
@@ -47,7 +48,7 @@ def resolve_device(name: str) -> torch.device:
             return torch.device("mps")
         return torch.device("cpu")
     if name == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError("config key 'device' is 'cuda' but no CUDA device is visible here")
+        raise ConfigError("config key 'device' is 'cuda' but no CUDA device is visible here")
     return torch.device(name)
 
 
@@ -112,27 +113,47 @@ def train_local(
     start_step: int,
     desc: str,
 ) -> TrainStats:
-    """Run ``cfg.local_steps`` optimizer steps of ``cfg.grad_accum_steps`` micro-batches each."""
+    """Run ``cfg.local_steps`` optimizer steps of ``cfg.grad_accum_steps`` micro-batches each.
+
+    Progress counts micro-batches, and a log line goes out every quarter of the round or
+    every ``PROGRESS_EVERY_S`` seconds, so even a step of many micro-batches shows it lives.
+    """
     device = next(model.parameters()).device
     model.train()
     losses: list[float] = []
     tokens = 0
-    started = time.perf_counter()
+    started = last_log = time.perf_counter()
+    total = cfg.local_steps * cfg.grad_accum_steps
     bar = tqdm(
-        range(cfg.local_steps), desc=desc, unit="step", mininterval=2.0, leave=False, disable=None
+        total=total, desc=desc, unit="batch", mininterval=2.0, leave=False, disable=None
     )  # a bar on a terminal; log lines below everywhere else
     log_every = max(1, cfg.local_steps // 4)
-    for local_step in bar:
+    for local_step in range(cfg.local_steps):
         for group in optimizer.param_groups:
             group["lr"] = lr_at(start_step + local_step, cfg)
         step_loss = 0.0
-        for _ in range(cfg.grad_accum_steps):
+        for micro in range(cfg.grad_accum_steps):
             batch = torch.from_numpy(next(batches)).to(device, dtype=torch.long, non_blocking=True)
             with autocast(device):
                 loss = next_token_loss(model, batch) / cfg.grad_accum_steps
             loss.backward()
             step_loss += loss.item()
             tokens += batch.shape[0] * (batch.shape[1] - 1)
+            bar.update()
+            if (
+                time.perf_counter() - last_log >= PROGRESS_EVERY_S
+                and micro + 1 < cfg.grad_accum_steps
+            ):
+                last_log = time.perf_counter()
+                log.info(
+                    "%s: step %d/%d, micro-batch %d/%d, %.0f tokens/s",
+                    desc,
+                    local_step + 1,
+                    cfg.local_steps,
+                    micro + 1,
+                    cfg.grad_accum_steps,
+                    tokens / max(last_log - started, 1e-9),
+                )
         if cfg.grad_clip > 0:
             torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
         optimizer.step()
@@ -142,7 +163,8 @@ def train_local(
         losses.append(step_loss)
         tok_s = tokens / max(time.perf_counter() - started, 1e-9)
         bar.set_postfix(loss=f"{step_loss:.3f}", tok_s=f"{tok_s:.0f}")
-        if (local_step + 1) % log_every == 0:
+        if (local_step + 1) % log_every == 0 or time.perf_counter() - last_log >= PROGRESS_EVERY_S:
+            last_log = time.perf_counter()
             log.info(
                 "%s: step %d/%d (global %d) loss %.4f lr %.2e %.0f tokens/s",
                 desc,
@@ -153,6 +175,7 @@ def train_local(
                 optimizer.param_groups[0]["lr"],
                 tok_s,
             )
+    bar.close()
     seconds = time.perf_counter() - started
     stats = TrainStats(len(losses), tokens, float(np.mean(losses)), losses[-1], seconds)
     return stats

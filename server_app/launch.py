@@ -27,9 +27,12 @@ import httpx
 import tomllib
 from flwr.common.config import parse_config_args
 
-from dept.config import ConfigError, load_config, resolve_path
+from dept.budget import Device, check_server_fits, check_source_fits
+from dept.config import ConfigError, DeptConfig, load_config, resolve_path
 from dept.lock import check_folder_free
-from dept.sources import run_sources
+from dept.sources import SourceSpec, run_sources
+from dept.train import resolve_device
+from server_app.federation import shared_vocab_size
 
 PATH_KEYS = ("sources-file", "output-dir", "state-dir")
 LOCAL_SUPERLINK_HEALTH = "http://127.0.0.1:39091/health"
@@ -126,6 +129,14 @@ def stop_local_superlink() -> None:
         time.sleep(0.2)
 
 
+def check_fits_here(cfg: DeptConfig, sources: list[SourceSpec]) -> None:
+    """The server and every client of this simulation fit this machine (:mod:`dept.budget`)."""
+    check_server_fits(cfg, shared_vocab_size(cfg), Device.here("cpu").memory)
+    device = Device.here(resolve_device(cfg.device).type)
+    for spec in sources:
+        check_source_fits(cfg, spec, device)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="dept-run", description=__doc__.splitlines()[0])
     parser.add_argument(
@@ -151,8 +162,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         overrides = absolute_paths({**_path_defaults(app), **parse_config_args(args.run_config)})
         cfg = load_config(app_defaults(app), overrides=overrides)
-        num_nodes = args.num_supernodes or len(run_sources(cfg))
+        sources = run_sources(cfg)
+        num_nodes = args.num_supernodes or len(sources)
         check_folder_free(resolve_path(cfg.output_dir))  # usable, and no other run in it
+        check_fits_here(cfg, sources)
     except (ConfigError, click.ClickException) as exc:
         print(f"dept-run: error: {getattr(exc, 'message', exc)}", file=sys.stderr)
         return 2

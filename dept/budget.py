@@ -1,0 +1,136 @@
+"""Will the run fit? Memory and time estimated from the config before any work starts.
+
+A typo in a size (``global-vocab-size=10000000``, ``grad-accum-steps=100000``) should stop a
+run in a second with the key named, not after it has eaten the machine's memory or sat for
+an hour without a step. The estimates are lower bounds, so a run they refuse could never
+have worked there:
+
+- memory: what must be resident at once, nothing more: a client's weights, gradients and
+  AdamW moments (16 bytes a parameter) plus one micro-batch's logits and their gradient
+  (B × T × V, twice, float32); the server's shared tensors with their outer optimizer state
+  and the one round mean it forms;
+- time: 6 × parameters × tokens of one round's training at the device's peak rate, against
+  ``round-timeout-s`` (a reply later than that is dropped anyway).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+
+from dept.config import ConfigError, DeptConfig, snake
+from dept.sources import SourceSpec
+
+FLOAT32 = 4
+ADAMW_BYTES_PER_PARAM = 16  # weight, gradient and two moments, float32
+# Optimistic peaks, so the time estimate stays a lower bound on any such device.
+PEAK_FLOPS_PER_CPU_THREAD = 2.5e11  # AVX-512, 2 FMA units, 4 GHz
+PEAK_FLOPS = {"cuda": 2.5e15, "mps": 5e13}  # no GPU of today is faster in dense bf16
+OUTER_STATE_COPIES = {"fedavg": 1, "nesterov": 2, "fedadam": 3}  # grad (+ momentum, + v)
+
+
+@dataclass(frozen=True)
+class Device:
+    """What a run can use on one machine: memory (bytes) and a peak rate (FLOP/s)."""
+
+    kind: str
+    memory: float
+    peak_flops: float
+
+    @classmethod
+    def here(cls, kind: str) -> Device:
+        """This machine's ``kind`` device: ``cuda``/``mps`` memory of device 0, else RAM."""
+        if kind == "cuda" and torch.cuda.is_available():
+            memory = float(torch.cuda.get_device_properties(0).total_memory)
+            return cls(kind, memory, PEAK_FLOPS["cuda"])
+        ram = float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+        if kind == "mps":
+            return cls(kind, ram, PEAK_FLOPS["mps"])
+        return cls("cpu", ram, torch.get_num_threads() * PEAK_FLOPS_PER_CPU_THREAD)
+
+
+def body_params(preset: str) -> int:
+    """θ's size for ``preset``, counted on a model built on the meta device (no memory)."""
+    from dept.model import body_parameters, build_model
+
+    with torch.device("meta"):
+        model = build_model(preset, 512, 8)
+    return sum(p.numel() for p in body_parameters(model).values())
+
+
+def embedding_params(cfg: DeptConfig, vocab_size: int) -> int:
+    from dept.model import PRESETS
+
+    return vocab_size * PRESETS[cfg.model].hidden_size * (1 if cfg.tie_embeddings else 2)
+
+
+def check_source_fits(cfg: DeptConfig, spec: SourceSpec, device: Device) -> None:
+    """:func:`check_client_fits` for ``spec`` at the vocabulary size it asks for (its own
+    for SPEC-OPT, the global one otherwise), before any tokenizer is trained."""
+    if cfg.variant == "spec-opt":
+        where = f"source '{spec.name}' key 'vocab-size'"
+        check_client_fits(cfg, spec.vocab_size, where, device)
+    else:
+        check_client_fits(cfg, cfg.global_vocab_size, "config key 'global-vocab-size'", device)
+
+
+def check_client_fits(cfg: DeptConfig, vocab_size: int, vocab_key: str, device: Device) -> None:
+    """Refuse, naming the key, a client that cannot hold its training or finish a round.
+
+    ``vocab_key`` names where ``vocab_size`` comes from, e.g. ``config key
+    'global-vocab-size'`` or ``source 'de-novels' key 'vocab-size'``."""
+    body, embedding = body_params(cfg.model), embedding_params(cfg, vocab_size)
+    weights = ADAMW_BYTES_PER_PARAM * (body + embedding)
+    logits = 2 * FLOAT32 * cfg.batch_size * cfg.seq_len * vocab_size
+    need = weights + logits
+    if need > device.memory:
+        by_vocab = embedding > body or logits > weights
+        where = f"{vocab_key} ({vocab_size:,})" if by_vocab else f"config key 'model' ({cfg.model})"
+        raise ConfigError(
+            f"{where}: a client needs at least {_gb(need)} "
+            f"({_gb(weights)} for the weights, gradients and AdamW moments of "
+            f"{body + embedding:,} parameters, {_gb(logits)} for one micro-batch's logits of "
+            f"batch-size {cfg.batch_size} x seq-len {cfg.seq_len} x {vocab_size:,} tokens), "
+            f"more than this {device.kind}'s {_gb(device.memory)}"
+        )
+    _check_round_time(cfg, body + embedding, device)
+
+
+def _check_round_time(cfg: DeptConfig, params: int, device: Device) -> None:
+    tokens = cfg.local_steps * cfg.grad_accum_steps * cfg.batch_size * cfg.seq_len
+    seconds = 6 * params * tokens / device.peak_flops
+    if seconds <= cfg.round_timeout_s:
+        return
+    factors = {"grad-accum-steps": cfg.grad_accum_steps, "local-steps": cfg.local_steps}
+    factors.update({"batch-size": cfg.batch_size, "seq-len": cfg.seq_len})
+    key = max(factors, key=lambda k: factors[k] / getattr(DeptConfig, snake(k)))  # vs default
+    product = " x ".join(f"{k} {v:,}" for k, v in factors.items())
+    raise ConfigError(
+        f"config key '{key}' ({factors[key]:,}): a round trains {tokens:,} tokens per source "
+        f"({product}), at least {seconds:,.0f} s even at this {device.kind}'s peak "
+        f"({device.peak_flops:.1e} FLOP/s); replies later than 'round-timeout-s' "
+        f"({cfg.round_timeout_s:g} s) are dropped"
+    )
+
+
+def check_server_fits(cfg: DeptConfig, shared_vocab: int, memory: float) -> None:
+    """Refuse, naming the key, a server that cannot hold the shared tensors, their outer
+    optimizer state and a round's mean (``shared_vocab``: rows of the global φ, 0 if none)."""
+    body = body_params(cfg.model)
+    embedding = embedding_params(cfg, shared_vocab) if shared_vocab else 0
+    copies = 2 + OUTER_STATE_COPIES[cfg.outer_optimizer]  # θ, its mean, the outer state
+    need = FLOAT32 * copies * (body + embedding)
+    if need > memory:
+        key = "global-vocab-size" if embedding > body else "model"
+        value = f"{shared_vocab:,}" if embedding > body else cfg.model
+        raise ConfigError(
+            f"config key '{key}' ({value}): the server needs at least {_gb(need)} for "
+            f"{body + embedding:,} shared parameters ({copies} float32 copies with "
+            f"outer-optimizer {cfg.outer_optimizer}), more than this machine's {_gb(memory)}"
+        )
+
+
+def _gb(n: float) -> str:
+    return f"{n / 1e9:,.1f} GB"

@@ -1,0 +1,71 @@
+"""Sizes that cannot fit the machine, or rounds that cannot finish in time, stop the run
+before any work with the key named."""
+
+from pathlib import Path
+
+import pytest
+
+from dept.budget import Device, body_params, check_client_fits, check_server_fits
+from dept.config import ConfigError, load_config
+from dept.model import body_state, build_model
+from dept.sources import parse_source
+from server_app.launch import main as dept_run
+from tests.helpers import debug_run_config
+
+LAPTOP = Device("cpu", memory=16e9, peak_flops=4 * 2.5e11)
+
+
+def test_body_params_count_the_real_body() -> None:
+    assert body_params("tiny") == sum(
+        t.numel() for t in body_state(build_model("tiny", 300, 8)).values()
+    )
+
+
+def test_a_vocabulary_too_large_for_the_machine_names_its_key(tmp_path: Path) -> None:
+    cfg = load_config(debug_run_config(tmp_path, **{"model": "tiny", "variant": "glob"}))
+    with pytest.raises(
+        ConfigError, match=r"config key 'global-vocab-size' \(1,000,000\): a client"
+    ):
+        check_client_fits(
+            cfg, 1_000_000, "config key 'global-vocab-size'", Device("cpu", 4e9, 1e12)
+        )
+    with pytest.raises(
+        ConfigError, match=r"config key 'global-vocab-size' \(1,000,000\): the server"
+    ):
+        check_server_fits(cfg, 1_000_000, memory=1e9)
+    check_client_fits(cfg, 4096, "config key 'global-vocab-size'", LAPTOP)
+    check_server_fits(cfg, 4096, memory=LAPTOP.memory)
+
+
+def test_a_round_that_cannot_finish_before_its_timeout_names_the_key(tmp_path: Path) -> None:
+    cfg = load_config(debug_run_config(tmp_path, **{"grad-accum-steps": 100_000}))
+    with pytest.raises(
+        ConfigError,
+        match=r"config key 'grad-accum-steps' \(100,000\): a round trains .*'round-timeout-s'",
+    ):
+        check_client_fits(cfg, 300, "config key 'global-vocab-size'", LAPTOP)
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "why"),
+    [
+        ("global-vocab-size", 10_000_000, r"'global-vocab-size' must be in \[300, 1,048,576\]"),
+        ("outer-lr", 1e6, r"'outer-lr' \(1e\+06\) must be <= 2 with outer-optimizer 'fedavg'"),
+    ],
+)
+def test_sizes_no_machine_serves_are_refused_by_the_schema(
+    tmp_path: Path, key: str, value: float, why: str
+) -> None:
+    with pytest.raises(ConfigError, match=why):
+        load_config(debug_run_config(tmp_path, **{key: value}))
+    with pytest.raises(ConfigError, match=r"'vocab-size' must be in \[258, 1,048,576\]"):
+        parse_source(
+            {"name": "x", "path": "builtin:synthetic-latin", "vocab-size": 10**7}, tmp_path
+        )
+
+
+def test_dept_run_refuses_before_starting_flower(tmp_path: Path, capsys) -> None:
+    code = dept_run(["-c", f"grad-accum-steps=100000 output-dir='{tmp_path / 'out'}'"])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("dept-run: error: config key 'grad-accum-steps' (100,000)"), err
