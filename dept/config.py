@@ -22,10 +22,20 @@ from omegaconf.errors import OmegaConfBaseException
 
 VARIANTS = ("glob", "trim", "spec", "spec-opt")
 OUTER_OPTIMIZERS = ("fedavg", "nesterov", "fedadam")
+# An outer step beyond these overshoots what the clients agreed on: the body is wrecked, not
+# trained (FedAvg is 1, DiLoCo's Nesterov 0.7; FedAdam moves each weight by about its lr).
+OUTER_LR_CAPS = {"fedavg": 2.0, "nesterov": 2.0, "fedadam": 1.0}
+OUTER_LR_WHY = {
+    "fedavg": "a step past twice the clients' mean update moves the body away from all of them",
+    "nesterov": "with momentum the step grows further still (DiLoCo uses 0.7)",
+    "fedadam": "Adam moves every weight by about outer-lr per round (use 1e-3 to 1e-1)",
+}
 DEVICES = ("auto", "cpu", "cuda", "mps")
 COMPRESSIONS = ("none", "fp16", "int8")  # of the pseudo-gradients sent up (dept.compression)
 AGGREGATIONS = ("mean", "trimmed-mean", "median")  # how a round's updates are combined
+OUTLIER_ACTIONS = ("clip", "reject")  # what becomes of an update too large to be honest
 BASE_DIR_ENV = "DEPT_HOME"
+MAX_VOCAB_SIZE = 1 << 20  # larger vocabularies are not trained here (a typo, not a plan)
 T = TypeVar("T")
 
 
@@ -67,6 +77,7 @@ class DeptConfig:
     compression: str = "none"
     compression_error_feedback: bool = True
     aggregation: str = "mean"
+    outlier_action: str = "clip"
     trim_fraction: float = 0.2
     update_norm_factor: float = 10.0
     fraction_train: float = 1.0
@@ -96,6 +107,7 @@ class DeptConfig:
         _check_choice("device", self.device, DEVICES)
         _check_choice("compression", self.compression, COMPRESSIONS)
         _check_choice("aggregation", self.aggregation, AGGREGATIONS)
+        _check_choice("outlier-action", self.outlier_action, OUTLIER_ACTIONS)
         for name in (
             "num_server_rounds",
             "local_steps",
@@ -147,7 +159,18 @@ class DeptConfig:
         _check("fraction_evaluate", 0 <= self.fraction_evaluate <= 1, "must be in [0, 1]")
         _check("wait_for_nodes_s", self.wait_for_nodes_s > 0, "must be > 0")
         _check("round_timeout_s", self.round_timeout_s > 0, "must be > 0")
-        _check("global_vocab_size", self.global_vocab_size >= 300, "must be >= 300")
+        _check(
+            "global_vocab_size",
+            300 <= self.global_vocab_size <= MAX_VOCAB_SIZE,
+            f"must be in [300, {MAX_VOCAB_SIZE:,}]",
+        )
+        outer_lr_cap = OUTER_LR_CAPS[self.outer_optimizer]
+        _check(
+            "outer_lr",
+            self.outer_lr <= outer_lr_cap,
+            f"({self.outer_lr:g}) must be <= {outer_lr_cap:g} with outer-optimizer "
+            f"{self.outer_optimizer!r}: {OUTER_LR_WHY[self.outer_optimizer]}",
+        )
         _check("output_dir", bool(self.output_dir.strip()), "must not be empty")
 
     @property

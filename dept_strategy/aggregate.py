@@ -40,12 +40,20 @@ CHUNK_VALUES = 1 << 22  # values read at once across all replies by the robust r
 
 @dataclass(frozen=True)
 class Spooled:
-    """One reply on disk: its token weight, its φ row ids (TRIM) and its sizes."""
+    """One reply on disk: its token weight, its φ row ids (TRIM), its sizes, and the factor
+    it is combined with (below 1 once clipped: :mod:`dept_strategy.screening`)."""
 
     path: Path
     weight: float
     rows: np.ndarray | None
     stats: UpdateStats
+    scale: float = 1.0
+
+    def read(self, name: str) -> np.ndarray:
+        """One tensor, scaled, in float64 (a factor of 1e-42 is no float32 number)."""
+        with safe_open(str(self.path), framework="np") as f:  # mapped only while read
+            value = f.get_tensor(name).astype(np.float64)
+        return value * self.scale if self.scale != 1.0 else value
 
 
 class RoundSpool:
@@ -102,7 +110,7 @@ class RoundSpool:
         total = sum(s.weight for s in accepted)
         out = np.zeros(shape, dtype=np.float64)
         for spooled in accepted:
-            out += (spooled.weight / total) * _read(spooled.path, name)
+            out += (spooled.weight / total) * spooled.read(name)
         return torch.from_numpy(out.astype(np.float32))
 
     def _row_mean(
@@ -116,7 +124,7 @@ class RoundSpool:
         for spooled in accepted:
             index = _index(spooled.rows)
             share = spooled.weight / np.where(held, row_weight, 1.0)[index]
-            out[index] += share.reshape(-1, *([1] * (len(shape) - 1))) * _read(spooled.path, name)
+            out[index] += share.reshape(-1, *([1] * (len(shape) - 1))) * spooled.read(name)
         return torch.from_numpy(out.astype(np.float32)), torch.from_numpy(~held)
 
     def _robust(
@@ -137,9 +145,10 @@ class RoundSpool:
                 stack.enter_context(safe_open(str(s.path), framework="np")).get_slice(name)
                 for s in accepted
             ]
+            scales = np.array([s.scale for s in accepted]).reshape(n, *([1] * len(shape)))
             for start in range(0, shape[0], step):
                 stop = min(start + step, shape[0])  # safetensors refuses a slice past the end
-                block = np.stack([s[start:stop] for s in slices]).astype(np.float64)
+                block = np.stack([s[start:stop] for s in slices]).astype(np.float64) * scales
                 out[start:stop] = _rank_rule(block, rule, trim)
         return torch.from_numpy(out)
 
@@ -154,9 +163,3 @@ def _rank_rule(block: np.ndarray, rule: str, trim: int) -> np.ndarray:
 
 def _index(rows: np.ndarray | None) -> Any:
     return slice(None) if rows is None else rows
-
-
-def _read(path: Path, name: str) -> np.ndarray:
-    """One tensor of one spooled reply (the file is mapped only while it is read)."""
-    with safe_open(str(path), framework="np") as f:
-        return f.get_tensor(name)

@@ -50,6 +50,7 @@ class RoundRecord:
     train: dict[str, dict[str, float]] = field(default_factory=dict)
     eval: dict[str, dict[str, float]] = field(default_factory=dict)
     rejected: list[dict[str, str]] = field(default_factory=list)  # refused updates, named
+    clipped: list[dict[str, str]] = field(default_factory=list)  # too large, scaled down
     failed: list[dict[str, str]] = field(default_factory=list)  # error replies, no reply
     ignored: list[dict[str, str]] = field(default_factory=list)  # unsolicited, duplicates
     state_events: list[dict[str, str]] = field(default_factory=list)  # lost or damaged state
@@ -146,7 +147,8 @@ class RunHistory:
 
     def problems(self) -> list[dict[str, Any]]:
         """Everything that did not go as planned, by round: error or missing replies
-        (``failed``), refused updates and evaluations (``rejected``), replies credited to
+        (``failed``), refused updates and evaluations (``rejected``), updates too large and
+        scaled down to the round's median (``clipped``), replies credited to
         nobody (``ignored``), lost or damaged client state (``state``), and nodes refused a
         source (``conflict``); each names its source (where known), node and reason."""
         found: list[dict[str, Any]] = []
@@ -154,6 +156,7 @@ class RunHistory:
             for kind, entries in (
                 ("failed", record.failed),
                 ("rejected", record.rejected),
+                ("clipped", record.clipped),
                 ("ignored", record.ignored),
                 ("state", record.state_events),
             ):
@@ -188,6 +191,7 @@ class RunHistory:
             "avg_val_bpb": self.mean_val_bpb(server_round),
             "sources": per_source,
             "rejected": record.rejected,
+            "clipped": record.clipped,
             "failed": record.failed,
             "ignored": record.ignored,
             "state_events": record.state_events,

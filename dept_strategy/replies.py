@@ -96,6 +96,18 @@ class ReplyDesk:
             {"node": str(target.node), "source": target.source, "reason": why}
         )
 
+    def clipped(self, target: Target, why: str) -> None:
+        log.warning(
+            "round %d: clipped the update of source %s from node %d: %s",
+            self.round,
+            target.source,
+            target.node,
+            why,
+        )
+        self.history.at(self.round).clipped.append(
+            {"node": str(target.node), "source": target.source, "reason": why}
+        )
+
     def missing(self) -> None:
         """Sampled sources whose node did not answer within ``round-timeout-s``."""
         for target in self.in_flight.unanswered():

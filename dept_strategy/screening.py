@@ -26,6 +26,7 @@ from dataclasses import asdict, dataclass, fields
 import numpy as np
 
 from dept.config import AGGREGATIONS as RULES
+from dept.config import OUTLIER_ACTIONS
 
 REACH_SLACK = 1.05  # compression error feedback and float rounding on top of the bound
 
@@ -35,6 +36,7 @@ class Defences:
     """How a round's replies are screened and combined (run config keys in brackets)."""
 
     aggregation: str = "mean"  # one of RULES (aggregation)
+    outlier_action: str = "clip"  # clip: scaled to the round's median size; reject: dropped
     trim_fraction: float = 0.2  # trimmed-mean: share dropped at each end (trim-fraction)
     update_norm_factor: float = 10.0  # k of the relative check, 0 off (update-norm-factor)
     # the most a round starting at this global step can move a weight no larger than this;
@@ -44,6 +46,8 @@ class Defences:
     def __post_init__(self) -> None:
         if self.aggregation not in RULES:
             raise ValueError(f"aggregation must be one of {RULES}, got {self.aggregation!r}")
+        if self.outlier_action not in OUTLIER_ACTIONS:
+            raise ValueError(f"outlier_action must be one of {OUTLIER_ACTIONS}")
 
 
 @dataclass(frozen=True)
@@ -61,6 +65,9 @@ class UpdateStats:
 
     def as_dict(self) -> dict[str, float]:
         return asdict(self)
+
+    def scaled(self, factor: float) -> UpdateStats:
+        return UpdateStats(**{k: v * factor for k, v in asdict(self).items()})
 
 
 def update_stats(delta: dict[str, np.ndarray], embedding_names: tuple[str, ...]) -> UpdateStats:
@@ -81,38 +88,61 @@ def lower_median(values: list[float]) -> float:
     return ordered[(len(ordered) - 1) // 2]
 
 
+@dataclass(frozen=True)
+class Flagged:
+    """An update too large to be honest: why, and the factor that brings it down to the
+    round's median sizes (and within reach), for ``outlier-action`` clip."""
+
+    why: str
+    shrink: float
+
+
 def screen(
     stats: list[UpdateStats], *, reach: float, factor: float, previous: UpdateStats | None
-) -> dict[int, str]:
-    """``{index: why}`` for the updates to refuse (the rest are kept).
+) -> dict[int, Flagged]:
+    """``{index: Flagged}`` for the updates too large to be honest (the rest are fine).
 
     ``reach``: the most an honest update can move a weight this round (0: not checked);
     ``factor``: k of the relative check (0: off); ``previous``: last round's accepted median.
     """
-    refused: dict[int, str] = {}
-    if reach > 0:
-        for i, s in enumerate(stats):
-            if s.max_abs > REACH_SLACK * reach:
-                refused[i] = (
-                    f"max |update| {s.max_abs:.3g} is beyond what this round's local training "
-                    f"can move a weight ({reach:.3g})"
-                )
-    if factor <= 0 or not stats:
-        return refused
-    for field in fields(UpdateStats):
-        values = [getattr(s, field.name) for s in stats]
-        pool = values + ([getattr(previous, field.name)] if previous is not None else [])
-        reference = lower_median(pool)
-        if reference <= 0:
-            continue
-        for i, value in enumerate(values):
-            if value > factor * reference and i not in refused:
-                refused[i] = (
-                    f"{field.name.replace('_', ' ')} {value:.3g} is {value / reference:.3g}x the "
-                    f"round's median {reference:.3g} (config key 'update-norm-factor' is "
-                    f"{factor:g})"
-                )
-    return refused
+    if not stats:
+        return {}
+    extra = [previous] if previous is not None else []
+    medians = {
+        f.name: lower_median([getattr(s, f.name) for s in [*stats, *extra]])
+        for f in fields(UpdateStats)
+    }
+    flagged = {}
+    for i, s in enumerate(stats):
+        why = _too_large(s, medians, reach, factor)
+        if why:
+            flagged[i] = Flagged(why, _shrink(s, medians, reach))
+    return flagged
+
+
+def _too_large(s: UpdateStats, medians: dict[str, float], reach: float, factor: float) -> str:
+    if reach > 0 and s.max_abs > REACH_SLACK * reach:
+        return (
+            f"max |update| {s.max_abs:.3g} is beyond what this round's local training can "
+            f"move a weight ({reach:.3g})"
+        )
+    for name, median in medians.items() if factor > 0 else ():
+        value = getattr(s, name)
+        if median > 0 and value > factor * median:
+            return (
+                f"{name.replace('_', ' ')} {value:.3g} is {value / median:.3g}x the round's "
+                f"median {median:.3g} (config key 'update-norm-factor' is {factor:g})"
+            )
+    return ""
+
+
+def _shrink(s: UpdateStats, medians: dict[str, float], reach: float) -> float:
+    """The largest factor ≤ 1 that takes no figure of ``s`` above its median nor its max
+    beyond ``reach``."""
+    limits = [m / getattr(s, n) for n, m in medians.items() if m > 0 and getattr(s, n) > 0]
+    if reach > 0 and s.max_abs > 0:
+        limits.append(reach / s.max_abs)
+    return min([1.0, *limits])
 
 
 def median_stats(stats: list[UpdateStats]) -> UpdateStats | None:

@@ -24,6 +24,7 @@ import random
 import tempfile
 import uuid
 from collections.abc import Callable, Iterable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -329,22 +330,35 @@ class DeptStrategy(Strategy):
         return self.spool_dir / f"round-{server_round:04d}"
 
     def _screen(self, server_round: int, arrivals: list[Arrival], desk: ReplyDesk) -> list[Arrival]:
-        """The arrivals whose size is honest (:func:`dept_strategy.screening.screen`)."""
+        """The arrivals to combine: those of an honest size as they are, and those too large
+        (:func:`dept_strategy.screening.screen`) clipped to the round's median or dropped."""
         reach, rules = 0.0, self.defences
         if rules.reach is not None:
             max_weight = max(float(t.abs().max()) for t in self.outer.tensors().values())
             reach = rules.reach(self.global_step(server_round), max_weight)
-        refused = screen(
+        flagged = screen(
             [a.spooled.stats for a in arrivals],
             reach=reach,
             factor=rules.update_norm_factor,
             previous=self.reference,
         )
-        for index, why in sorted(refused.items()):
-            desk.rejected(arrivals[index].target, why)
-        accepted = [a for i, a in enumerate(arrivals) if i not in refused]
-        self.reference = median_stats([a.spooled.stats for a in accepted]) or self.reference
-        return accepted
+        kept = []
+        for index, arrival in enumerate(arrivals):
+            flag = flagged.get(index)
+            if flag is None:
+                kept.append(arrival)
+            elif rules.outlier_action == "reject":
+                desk.rejected(arrival.target, flag.why)
+            else:
+                desk.clipped(arrival.target, f"{flag.why}; scaled by {flag.shrink:.3g}")
+                spooled = replace(
+                    arrival.spooled,
+                    scale=flag.shrink,
+                    stats=arrival.spooled.stats.scaled(flag.shrink),
+                )
+                kept.append(replace(arrival, spooled=spooled))
+        self.reference = median_stats([a.spooled.stats for a in kept]) or self.reference
+        return kept
 
     def _credit(self, server_round: int, accepted: list[Arrival]) -> MetricRecord:
         """Record the accepted replies (their tokens count); the round's train metrics."""

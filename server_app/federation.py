@@ -22,6 +22,7 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord
 from flwr.serverapp import Grid
 
+from dept.budget import Device, check_server_fits
 from dept.config import ConfigError, DeptConfig, load_config, resolve_path, to_run_config
 from dept.lock import exclusive_folder
 from dept.model import body_state, build_model, embedding_parameters
@@ -55,6 +56,7 @@ def run_federation(grid: Grid, run_config: Mapping[str, Any]) -> Path:
     a second run on the same ``output-dir`` stops at once (:mod:`dept.lock`)."""
     cfg = load_config(run_config)
     declared = {s.name for s in run_sources(cfg)}  # parses and validates the sources file
+    check_server_fits(cfg, shared_vocab_size(cfg), Device.here("cpu").memory)
     out_dir = resolve_path(cfg.output_dir)
     with exclusive_folder(out_dir):
         _run_rounds(grid, cfg, out_dir, declared)
@@ -142,9 +144,14 @@ def _check_same_run(cfg: DeptConfig, saved: Mapping[str, Any]) -> None:
         )
 
 
+def shared_vocab_size(cfg: DeptConfig) -> int:
+    """Rows of the global φ the server holds and shares (GLOB, TRIM); 0 for none."""
+    return cfg.global_vocab_size if cfg.variant in ("glob", "trim") else 0
+
+
 def initial_tensors(cfg: DeptConfig) -> tuple[dict[str, torch.Tensor], tuple[str, ...]]:
     """What the server holds and shares: θ, plus the global φ for GLOB and TRIM (its names)."""
-    shares_embeddings = cfg.variant in ("glob", "trim")
+    shares_embeddings = shared_vocab_size(cfg) > 0
     vocab = cfg.global_vocab_size if shares_embeddings else INITIAL_BODY_VOCAB
     model = build_model(
         cfg.model, vocab, cfg.seq_len, tie_embeddings=cfg.tie_embeddings, seed=cfg.seed
@@ -163,6 +170,7 @@ def _build_strategy(cfg: DeptConfig, run_id: str) -> DeptStrategy:
     )
     defences = Defences(
         aggregation=cfg.aggregation,
+        outlier_action=cfg.outlier_action,
         trim_fraction=cfg.trim_fraction,
         update_norm_factor=cfg.update_norm_factor,
         reach=functools.partial(max_round_update, cfg),

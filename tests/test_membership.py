@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import logging
+import shutil
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -86,3 +87,43 @@ def test_a_source_joins_and_a_node_returns_with_its_embeddings(
     [run_dir] = runs.iterdir()
     saved = sorted(p.name for p in (run_dir / "latin").glob("round-*"))
     assert saved == ["round-0001", "round-0003"]
+
+
+class ForgetfulGrid(LocalGrid):
+    """The node of ``latin`` loses its whole state folder before round 2's training."""
+
+    def __init__(self, *args, state: Path, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.state = state
+
+    def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
+        messages = list(messages)
+        for msg in messages:
+            config = msg.content.config_records.get(keys.CONFIG)
+            if msg.metadata.message_type == MessageType.TRAIN and config[keys.SERVER_ROUND] == 2:
+                shutil.rmtree(self.state / "latin" / "runs", ignore_errors=True)
+        return super().push_messages(messages)
+
+
+def test_a_source_whose_state_is_lost_says_so_in_the_summary(tmp_path: Path) -> None:
+    run_config = debug_run_config(
+        tmp_path, **{"num-server-rounds": 2, "local-steps": 4, "eval-bytes": 2048}
+    )
+    nodes = [
+        {
+            "source": script,
+            "path": f"builtin:synthetic-{script}",
+            "vocab-size": 300,
+            "state-dir": str(tmp_path / "state" / script),
+        }
+        for script in SCRIPTS[:2]
+    ]
+    grid = ForgetfulGrid(client_app, nodes, run_config, state=tmp_path / "state")
+
+    out = run_federation(grid, run_config)
+
+    summary = json.loads((out / "summary.json").read_text())
+    [event] = [p for p in summary["problems"] if p["kind"] == "state"]
+    assert event["round"] == 2 and event["source"] == "latin"
+    assert event["event"] == "fresh embeddings in round 2: state lost (no saved state)"
+    assert summary["sources"]["latin"]["tokens_trained"] > 0, "it trained on, from scratch"

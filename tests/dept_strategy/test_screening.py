@@ -23,7 +23,8 @@ def test_one_scaled_update_among_four_is_refused_alone(scale: float) -> None:
     honest = [_stats(1.0e-3), _stats(1.2e-3), _stats(0.9e-3)]
     refused = screen([*honest, _stats(1.1e-3 * scale)], reach=0, factor=10, previous=None)
     assert list(refused) == [3]
-    assert "the round's median" in refused[3] and "'update-norm-factor'" in refused[3]
+    assert "the round's median" in refused[3].why and "'update-norm-factor'" in refused[3].why
+    assert refused[3].shrink == pytest.approx(1.0e-3 / (1.1e-3 * scale)), "to the median"
 
 
 def test_one_outlier_of_two_and_a_lone_outlier_are_caught_with_last_rounds_median() -> None:
@@ -35,7 +36,8 @@ def test_one_outlier_of_two_and_a_lone_outlier_are_caught_with_last_rounds_media
 
 def test_an_update_beyond_the_reach_of_local_training_is_refused_with_no_reference() -> None:
     refused = screen([_stats(0.01, biggest=2.0)], reach=0.1, factor=0, previous=None)
-    assert "beyond what this round's local training can move a weight (0.1)" in refused[0]
+    assert "beyond what this round's local training can move a weight (0.1)" in refused[0].why
+    assert refused[0].shrink == pytest.approx(0.05)
     assert not screen([_stats(0.01, biggest=0.1)], reach=0.1, factor=0, previous=None)
 
 

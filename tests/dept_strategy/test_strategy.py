@@ -377,30 +377,37 @@ def _honest(value: float) -> dict[str, np.ndarray]:
     return {"a": np.full((2, 3), value, np.float32), "b": np.full(4, -value, np.float32)}
 
 
+@pytest.mark.parametrize("action", ["clip", "reject"])
 @pytest.mark.parametrize("scale", [1e3, 1e6, None])  # None: values near the float32 limit
-def test_a_poisoned_update_is_refused_alone_and_named(scale: float | None) -> None:
+def test_a_poisoned_update_is_clipped_or_refused_alone_and_named(
+    scale: float | None, action: str
+) -> None:
     # Prepare: three honest sources and one whose update is scaled (or ~3e38)
-    strategy = _strategy()
+    strategy = _strategy(defences=Defences(outlier_action=action))
     poison = _honest(1e-3 * scale) if scale else _honest(3.3e38)
     replies = [_reply(strategy, n, _honest(v), 100, f"s{n}") for n, v in ((1, 1e-3), (2, 2e-3))]
-    replies += [
-        _reply(strategy, 3, poison, 100, "poison"),
-        _reply(strategy, 4, _honest(3e-3), 100, "s4"),
-    ]
+    replies += [_reply(strategy, 3, poison, 100, "poison")]
+    replies += [_reply(strategy, 4, _honest(3e-3), 100, "s4")]
     # Execute
     arrays, metrics = strategy.aggregate_train(1, replies)
-    # Assert: the honest mean, the culprit named, its tokens not credited
+    # Assert: clipped to the median (2e-3) or dropped, the mean is the honest one either way
     assert arrays is not None
     assert np.allclose(arrays["a"].numpy(), 1.0 - 2e-3) and np.allclose(arrays["b"].numpy(), 2e-3)
     record = strategy.history.rounds[1]
-    assert [r["source"] for r in record.rejected] == ["poison"]
-    assert "the round's median" in record.rejected[0]["reason"]
-    assert metrics[keys.NUM_EXAMPLES] == 300 and strategy.history.tokens_trained("poison") == 0
-    assert [p["source"] for p in strategy.history.problems()] == ["poison"]
+    named = record.clipped if action == "clip" else record.rejected
+    assert [r["source"] for r in named] == ["poison"] and "the round's median" in named[0]["reason"]
+    credited = 400 if action == "clip" else 300
+    assert metrics[keys.NUM_EXAMPLES] == credited
+    assert strategy.history.tokens_trained("poison") == credited - 300
+    assert [(p["kind"], p["source"]) for p in strategy.history.problems()] == [
+        ("clipped" if action == "clip" else "rejected", "poison")
+    ]
 
 
 def test_an_update_beyond_local_trainings_reach_is_refused_even_alone() -> None:
-    strategy = _strategy(defences=Defences(reach=lambda step, biggest: 0.01))
+    strategy = _strategy(
+        defences=Defences(reach=lambda step, biggest: 0.01, outlier_action="reject")
+    )
     replies = [_reply(strategy, 1, _honest(0.5), 100, "alone")]
     assert strategy.aggregate_train(1, replies) == (None, None)
     assert (
@@ -409,6 +416,9 @@ def test_an_update_beyond_local_trainings_reach_is_refused_even_alone() -> None:
     )
     ok = [_reply(strategy, 1, _honest(0.005), 100, "alone")]
     assert strategy.aggregate_train(2, ok)[0] is not None
+    clipping = _strategy(defences=Defences(reach=lambda step, biggest: 0.01))
+    arrays, _ = clipping.aggregate_train(1, [_reply(clipping, 1, _honest(0.5), 100, "alone")])
+    assert np.allclose(arrays["a"].numpy(), 1.0 - 0.01), "scaled until it is within reach"
 
 
 def test_a_median_rule_is_not_moved_by_a_sign_flipped_source_within_bounds() -> None:

@@ -1,0 +1,240 @@
+"""One bad node against the body: poisoned pseudo-gradients, refused and named, or not.
+
+    python benchmarks/poisoning.py
+
+runs the same federation (four sources, the built-in default: the Python standard library
+and three synthetic languages) once honestly and once per attack, in which one source's node
+(``--culprit``) tampers with every training reply after its honest training:
+
+- ``x1e3``, ``x1e6``: its pseudo-gradient scaled (well-formed, finite);
+- ``near-max``: every value ±3.3e38, near the float32 limit (a float32 sum would overflow);
+- ``int8-scale``: ``compression=int8``, its block scales × 1e30 (the codes are honest);
+- ``fp16-max``: ``compression=fp16``, every value ±65504, fp16's largest;
+- ``flip-x5``: its update reversed and × 5, small enough to pass the size checks, once
+  combined by the weighted mean and once by ``--robust`` (trimmed mean by default).
+
+Updates caught as too large are clipped to the round's median size (the default
+``outlier-action``); ``x1e6/reject`` drops them instead, for comparison.
+
+Every run goes through the real ServerApp and ClientApp in process
+(:func:`benchmarks.compare.federate_in_process`). The table has each run's average validation
+bits per byte (all four sources, and the three honest ones), its change against the honest
+run with the same combination rule, and what ``summary.json`` says of the culprit.
+Writes ``poisoning.json``/``.csv``/``.txt`` to ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import shutil
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+if __package__ in (None, ""):  # run as a script: make the checkout's packages importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import numpy as np
+import torch
+from flwr.app import Array, Context, Message, MessageType
+
+from benchmarks.compare import federate_in_process, in_process_grid
+from benchmarks.measure import common_arguments, print_table, result_header, write_outputs
+from dept.compression import SCALE_SUFFIX
+from dept.config import DeptConfig, load_config, resolve_path, to_run_config
+from dept_strategy import keys
+
+Tamper = Callable[[str, np.ndarray], np.ndarray]  # (array name, values) -> what is sent
+GROSS = ("x1e3", "x1e6", "near-max", "int8-scale", "fp16-max")  # must be caught every round
+NAMED = ("clipped", "rejected")  # what the summary calls a caught update
+
+
+@dataclass(frozen=True)
+class Attack:
+    tamper: Tamper | None  # None: honest
+    compression: str = "none"
+    aggregation: str = "mean"
+    outlier_action: str = "clip"
+
+
+def _scaled(factor: float) -> Tamper:
+    return lambda name, v: v if name.endswith(SCALE_SUFFIX) else v * np.float32(factor)
+
+
+def _saturated(limit: float) -> Tamper:
+    return lambda name, v: np.where(v < 0, -limit, limit).astype(v.dtype)
+
+
+def _int8_scales(name: str, v: np.ndarray) -> np.ndarray:
+    return v * np.float32(1e30) if name.endswith(SCALE_SUFFIX) else v
+
+
+def attacks(robust: str) -> dict[str, Attack]:
+    return {
+        "honest": Attack(None),
+        "x1e3": Attack(_scaled(1e3)),
+        "x1e6": Attack(_scaled(1e6)),
+        "near-max": Attack(_saturated(3.3e38)),
+        "int8-scale": Attack(_int8_scales, compression="int8"),
+        "fp16-max": Attack(_saturated(65504.0), compression="fp16"),
+        "x1e6/reject": Attack(_scaled(1e6), outlier_action="reject"),
+        "flip-x5": Attack(_scaled(-5.0)),
+        f"honest/{robust}": Attack(None, aggregation=robust),
+        f"flip-x5/{robust}": Attack(_scaled(-5.0), aggregation=robust),
+    }
+
+
+def poisoning(app: Callable[[Message, Context], Message], culprit: str, tamper: Tamper) -> Any:
+    """``app`` whose training replies for source ``culprit`` are passed through ``tamper``
+    (a bad node: its own training is honest, what it sends is not)."""
+
+    def bad_node(msg: Message, context: Context) -> Message:
+        reply = app(msg, context)
+        config = msg.content.config_records.get(keys.CONFIG)
+        if (
+            msg.metadata.message_type == MessageType.TRAIN
+            and config is not None
+            and config.get(keys.SOURCE) == culprit
+            and reply.has_content()
+        ):
+            arrays = reply.content.array_records[keys.ARRAYS]
+            for name in [n for n in arrays if n != keys.EMBEDDING_IDS]:
+                arrays[name] = Array(tamper(name, arrays[name].numpy()))
+        return reply
+
+    return bad_node
+
+
+def run_attack(base: DeptConfig, label: str, attack: Attack, culprit: str, work: Path) -> dict:
+    out_dir = work / "runs" / label.replace("/", "-")
+    shutil.rmtree(out_dir, ignore_errors=True)  # a fresh run, not a resume of an old one
+    config = {
+        **to_run_config(base),
+        "compression": attack.compression,
+        "aggregation": attack.aggregation,
+        "outlier-action": attack.outlier_action,
+        "output-dir": str(out_dir),
+    }
+    grid = in_process_grid(config)
+    if attack.tamper is not None:
+        grid.client_app = poisoning(grid.client_app, culprit, attack.tamper)
+    started = time.perf_counter()
+    summary = json.loads((federate_in_process(config, grid) / "summary.json").read_text())
+    against = [p for p in summary["problems"] if p.get("source") == culprit]
+    honest = [s["val_bpb"] for n, s in summary["sources"].items() if n != culprit]
+    return {
+        "attack": label,
+        "aggregation": attack.aggregation,
+        "outlier_action": attack.outlier_action,
+        "compression": attack.compression,
+        "wall_s": time.perf_counter() - started,
+        "avg_val_bpb": summary["avg_val_bpb"],
+        "honest_avg_val_bpb": sum(honest) / len(honest),
+        "culprit_named_rounds": sorted({p["round"] for p in against if p["kind"] in NAMED}),
+        "culprit_reason": against[0]["reason"] if against else "",
+        "other_problems": len(summary["problems"]) - len(against),
+        "culprit_tokens_credited": summary["sources"][culprit]["tokens_trained"],
+        "sources": {n: s["val_bpb"] for n, s in summary["sources"].items()},
+    }
+
+
+def summarise(args: argparse.Namespace, rows: list[dict[str, Any]]) -> dict[str, Any]:
+    reference = {r["aggregation"]: r for r in rows if r["attack"].startswith("honest")}
+
+    def change(r: dict[str, Any]) -> float:
+        ref = reference[r["aggregation"]]["avg_val_bpb"]
+        return 100 * (r["avg_val_bpb"] - ref) / ref
+
+    table = print_table(
+        f"one poisoned source ({args.culprit}) among four: average validation bits per byte "
+        f"after {args.rounds} rounds x {args.local_steps} steps ({args.model})",
+        [
+            "attack",
+            "combined by",
+            "avg bpb",
+            "Δ vs honest %",
+            "honest 3 avg",
+            "culprit refused in rounds",
+            "its tokens credited",
+            "why (first)",
+        ],
+        [
+            (
+                r["attack"],
+                r["aggregation"],
+                r["outlier_action"],
+                r["avg_val_bpb"],
+                change(r),
+                r["honest_avg_val_bpb"],
+                ", ".join(map(str, r["culprit_named_rounds"])) or "none",
+                r["culprit_tokens_credited"],
+                r["culprit_reason"][:70],
+            )
+            for r in rows
+        ],
+    )
+    caught = [
+        r for r in rows if r["attack"] in ("x1e3", "x1e6", "near-max", "int8-scale", "fp16-max")
+    ]
+    return {
+        **result_header("poisoning", args, None),
+        "table": table,
+        "worst_change_percent": max(abs(change(r)) for r in caught) if caught else math.nan,
+        "every_gross_attack_named": all(r["culprit_named_rounds"] for r in caught),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    torch.set_num_threads(args.threads)
+    work = resolve_path(str(args.work))
+    base = load_config(
+        {
+            "model": args.model,
+            "num-server-rounds": args.rounds,
+            "local-steps": args.local_steps,
+            "warmup-steps": min(10, args.rounds * args.local_steps - 1),
+            "eval-bytes": args.eval_bytes,
+            "state-dir": str(work / "state"),
+            "device": "cpu",
+        }
+    )
+    rows = []
+    for label, attack in attacks(args.robust).items():
+        if args.attacks and label not in args.attacks:
+            continue
+        rows.append(run_attack(base, label, attack, args.culprit, work))
+        print(
+            f"{label}: avg val bpb {rows[-1]['avg_val_bpb']:.4f}, culprit caught in rounds "
+            f"{rows[-1]['culprit_named_rounds']} ({rows[-1]['wall_s']:.0f} s)",
+            flush=True,
+        )
+    write_outputs(args.out, "poisoning", summarise(args, rows), rows)
+    return 0
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    common_arguments(parser, "poisoning", "debug model, 2 rounds x 4 steps")
+    parser.add_argument("--culprit", default="synth-greek", help="the source that tampers")
+    parser.add_argument("--model", default="tiny")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--local-steps", type=int, default=25)
+    parser.add_argument("--eval-bytes", type=int, default=32768)
+    parser.add_argument("--robust", default="trimmed-mean", choices=["trimmed-mean", "median"])
+    parser.add_argument(
+        "--attacks", type=lambda s: s.split(","), default=None, help="a subset, by label"
+    )
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.model, args.rounds, args.local_steps, args.eval_bytes = "debug", 2, 4, 4096
+    return args
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
