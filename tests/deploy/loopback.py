@@ -1,10 +1,11 @@
 """A real Flower deployment on loopback: the processes the Docker images run, as processes.
 
 One SuperLink (``--isolation process``) with its SuperExec, and SuperNodes each with their own
-SuperExec, exactly as ``docker/compose.yml`` wires them; ``flwr run`` against a connection
-profile in a private ``$FLWR_HOME``. Every process starts in its own session so that it and
-the app processes its executor spawns can be killed together; :meth:`Loopback.close` kills
-whatever is left, even after a failed test, and every wait is bounded.
+SuperExec, exactly as ``docker/compose.yml`` wires them, optionally behind the nginx gateway of
+``docker/gateway.conf.template``; ``flwr run`` against a connection profile in a private
+``$FLWR_HOME``. Every process starts in its own session so that it and the app processes its
+executor spawns can be killed together; :meth:`Loopback.close` kills whatever is left, even
+after a failed test, and every wait is bounded.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from tests.deploy import gateway
 
 PROJECT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent  # the venv's flower-* entry points
@@ -41,6 +44,11 @@ class Tls:
     @property
     def ca(self) -> Path:
         return self.folder / "ca.crt"
+
+    @property
+    def secret(self) -> Path:
+        """The SuperExec shared secret (``--superexec-auth-secret-file``)."""
+        return self.folder / "superexec.secret"
 
     def node_key(self, name: str) -> Path:
         return self.folder / "supernodes" / name
@@ -68,6 +76,7 @@ class Node:
     source: str
     supernode: Process
     superexec: Process
+    runtime_address: str  # the SuperNode's own Runtime API, where its executor takes tasks
 
     def kill(self) -> None:
         self.supernode.kill()
@@ -83,6 +92,7 @@ class Loopback:
     root: Path
     tls: Tls | None = None
     auth: bool = False
+    secret: bool = False  # SuperExec authentication on both hops (needs ``tls`` for the file)
     port: int = field(default_factory=free_port)
     processes: list[Process] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
@@ -94,7 +104,6 @@ class Loopback:
         self.logs = self.root / "logs"
         self.logs.mkdir(parents=True, exist_ok=True)
         self.flwr_home = self.root / "flwr-home"
-        self.flwr_home.mkdir(exist_ok=True)
         self.env = {
             **os.environ,
             "FLWR_HOME": str(self.flwr_home),
@@ -102,11 +111,7 @@ class Loopback:
             "OMP_NUM_THREADS": "1",  # several trainers share the CI machine's two cores
             "PYTHONUNBUFFERED": "1",
         }
-        connection = f'address = "127.0.0.1:{self.port}"\n'
-        connection += f'root-certificates = "{self.tls.ca}"\n' if self.tls else "insecure = true\n"
-        (self.flwr_home / "config.toml").write_text(
-            f'[superlink]\ndefault = "loopback"\n\n[superlink.loopback]\n{connection}'
-        )
+        write_profile(self.flwr_home, "loopback", self.address, self.tls)
 
     @property
     def address(self) -> str:
@@ -115,7 +120,14 @@ class Loopback:
     def _security(self) -> list[str]:
         return ["--root-certificates", str(self.tls.ca)] if self.tls else ["--insecure"]
 
+    def _secret(self) -> list[str]:
+        if not self.secret:
+            return []
+        assert self.tls is not None, "the SuperExec secret lives beside the certificates"
+        return ["--superexec-auth-secret-file", str(self.tls.secret)]
+
     def start(self, name: str, *args: str) -> Process:
+        """``args[0]``: a venv entry point, or an absolute path (which ``BIN /`` keeps)."""
         log = self.logs / f"{name}.log"
         handle = log.open("w")
         popen = subprocess.Popen(
@@ -132,7 +144,8 @@ class Loopback:
         return process
 
     def start_superlink(self) -> None:
-        args = ["flower-superlink", "--port", str(self.port), "--isolation", "process"]
+        args = ["flower-superlink", "--host", "127.0.0.1", "--port", str(self.port)]
+        args += ["--isolation", "process", *self._secret()]
         args += ["--database", str(self.root / "superlink.db")]
         args += ["--disable-runtime-dependency-installation"]
         if self.tls:
@@ -150,34 +163,62 @@ class Loopback:
             "--runtime-api-address",
             self.address,
             *self._security(),
+            *self._secret(),
         )
         wait_for(lambda: self.flwr("supernode", "ls").returncode == 0, 60, "the SuperLink")
 
-    def add_node(self, source: str, node_config: str, key: str | None = None) -> Node:
-        """A SuperNode serving ``source`` and its executor (the ClientApp runs there)."""
+    def start_gateway(self) -> str:
+        """The nginx gateway in front of this SuperLink, on every interface as deployed;
+        returns its loopback address."""
+        assert self.tls is not None, "the gateway serves TLS"
         port = free_port()
-        args = ["flower-supernode", "--superlink", self.address, "--isolation", "process"]
+        folder = self.root / "gateway"
+        config = gateway.write_config(folder, str(port), self.address, self.tls.folder)
+        nginx = gateway.nginx()
+        assert nginx is not None, "nginx is not installed"
+        self.start("gateway", nginx, *gateway.arguments(folder, config))
+        wait_for(lambda: accepts(f"127.0.0.1:{port}"), 30, "the gateway")
+        return f"127.0.0.1:{port}"
+
+    def start_supernode(
+        self, source: str, node_config: str, key: str | None = None, via: str | None = None
+    ) -> tuple[Process, str]:
+        """A SuperNode serving ``source``, connecting to ``via`` (default: the SuperLink
+        itself); returns it and the address of its own Runtime API."""
+        port = free_port()
+        args = ["flower-supernode", "--superlink", via or self.address, "--isolation", "process"]
         args += ["--port", str(port), "--node-config", node_config, *self._security()]
+        args += self._secret()
         if key is not None:
             assert self.tls is not None, "node authentication needs TLS"
             args += ["--auth-supernode-private-key", str(self.tls.node_key(key))]
         suffix = sum(p.name.startswith(f"supernode-{source}") for p in self.processes)
-        name = f"{source}-{suffix}"
-        supernode = self.start(f"supernode-{name}", *args)
+        return self.start(f"supernode-{source}-{suffix}", *args), f"127.0.0.1:{port}"
+
+    def add_node(
+        self, source: str, node_config: str, key: str | None = None, via: str | None = None
+    ) -> Node:
+        """A SuperNode serving ``source`` and its executor (the ClientApp runs there)."""
+        supernode, runtime = self.start_supernode(source, node_config, key, via)
         superexec = self.start(
-            f"superexec-{name}",
+            supernode.name.replace("supernode-", "superexec-", 1),
             "flower-superexec",
             "--runtime-api-address",
-            f"127.0.0.1:{port}",
+            runtime,
             "--insecure",  # the node's own Runtime API listens on loopback only
+            *self._secret(),
         )
-        return Node(source, supernode, superexec)
+        return Node(source, supernode, superexec, runtime)
 
-    def flwr(self, *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    def flwr(
+        self, *args: str, home: Path | None = None, timeout: float = 60
+    ) -> subprocess.CompletedProcess:
+        """The flwr CLI as the operator, or as whoever owns ``home`` (a ``$FLWR_HOME``)."""
+        env = self.env if home is None else {**self.env, "FLWR_HOME": str(home)}
         return subprocess.run(
             [str(BIN / "flwr"), *args],
             cwd=PROJECT,
-            env=self.env,
+            env=env,
             capture_output=True,
             text=True,
             timeout=timeout,
@@ -195,6 +236,26 @@ class Loopback:
     def logs_tail(self, chars: int = 4000) -> str:
         """The end of every log, for an assertion message."""
         return "\n".join(f"== {p.name}\n{p.text()[-chars:]}" for p in self.processes)
+
+
+def write_profile(home: Path, name: str, address: str, tls: Tls | None) -> None:
+    """A ``$FLWR_HOME`` whose default connection profile ``name`` points at ``address``."""
+    home.mkdir(parents=True, exist_ok=True)
+    connection = f'address = "{address}"\n'
+    connection += f'root-certificates = "{tls.ca}"\n' if tls else "insecure = true\n"
+    (home / "config.toml").write_text(
+        f'[superlink]\ndefault = "{name}"\n\n[superlink.{name}]\n{connection}'
+    )
+
+
+def accepts(address: str) -> bool:
+    """Whether something listens at ``host:port`` (a TCP connect, nothing sent)."""
+    host, port = address.rsplit(":", 1)
+    try:
+        socket.create_connection((host, int(port)), timeout=2).close()
+    except OSError:
+        return False
+    return True
 
 
 def _interrupt(signum: int, frame: object) -> None:

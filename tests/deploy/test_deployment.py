@@ -1,7 +1,8 @@
 """The real deployment runtime on loopback: SuperLink, SuperNodes and their executors as
 processes, ``flwr run`` against them. Slow (each test trains a few rounds of the ``debug``
 preset across several processes) but bounded: every wait has a limit, and the fixture
-kills every process it started, whatever the outcome."""
+kills every process it started, whatever the outcome. TLS, SuperNode authentication and the
+gateway are in ``test_doors.py``."""
 
 from __future__ import annotations
 
@@ -11,8 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from dept.certificates import make_certificates
-from tests.deploy.loopback import Loopback, Node, Tls, wait_for_line
+from tests.deploy.loopback import Loopback, Node, wait_for_line
 
 pytestmark = pytest.mark.slow
 SOURCES = ("latin", "cyrillic", "greek")
@@ -124,33 +124,6 @@ def test_a_node_killed_mid_round_comes_back_with_its_embeddings(
     assert int(reloaded.group(1)) == 1, "it reloaded what it saved after round 1"
     assert "embeddings fresh" not in back.log()
     assert set(summary["sources"]) == set(SOURCES)
-
-
-def test_tls_and_supernode_authentication(tmp_path: Path) -> None:
-    certs = tmp_path / "certs"
-    make_certificates(certs, ["127.0.0.1", "localhost"], ["node-a", "node-b", "intruder"])
-    deployment = Loopback(tmp_path, tls=Tls(certs), auth=True)
-    state, out = tmp_path / "state", tmp_path / "out"
-    try:
-        deployment.start_superlink()
-        for key in ("node-a", "node-b"):
-            registered = deployment.flwr(
-                "supernode", "register", str(certs / "supernodes" / f"{key}.pub"), "loopback"
-            )
-            assert registered.returncode == 0, registered.stdout + registered.stderr
-        deployment.add_node("latin", node_config("latin", state), key="node-a")
-        deployment.add_node("greek", node_config("greek", state), key="node-b")
-        intruder = deployment.add_node("cyrillic", node_config("cyrillic", state), key="intruder")
-        run = deployment.run(run_config(out, **{"num-server-rounds": 2}))
-        wait_for_line(run, SERVER_DONE, RUN_S)
-        summary = finish(deployment, run.text(), out)
-        assert set(summary["sources"]) == {"latin", "greek"}
-        assert summary["avg_val_bpb"] < summary["initial_avg_val_bpb"]
-        assert "cyrillic" not in run.text()
-        # An unregistered key is refused at activation and the SuperNode exits.
-        wait_for_line(intruder.supernode, r"Failed to activate SuperNode", 60)
-    finally:
-        deployment.close()
 
 
 def test_the_server_gives_up_waiting_for_nodes_and_says_so(loopback: Loopback) -> None:

@@ -1,9 +1,12 @@
 """docker/ without a Docker engine: hadolint on every Dockerfile, every compose file against
-the compose specification, and the wiring a deployment depends on (flwr version, one
-executor, data volume and state volume per SuperNode)."""
+the compose specification, the gateway's nginx template through both ways of filling it in and
+``nginx -t``, and the wiring a deployment depends on (flwr version, one executor, data volume
+and state volume per SuperNode; only the gateway on a public interface; the SuperExec secret
+and the gateway for every node in the TLS overlay)."""
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -14,10 +17,15 @@ from pathlib import Path
 import pytest
 import yaml
 
+from dept.certificates import make_certificates
+from tests.deploy import gateway
+
 DOCKER = Path(__file__).resolve().parents[2] / "docker"
 BIN = Path(sys.executable).parent
 DOCKERFILES = sorted(DOCKER.glob("*.Dockerfile"))
 COMPOSE_FILES = sorted(DOCKER.glob("compose*.yml"))
+SECRET = "/app/certs/superexec.secret"
+PLACEHOLDER = re.compile(r"\$\{([A-Z][A-Z0-9_]*)\}")
 
 
 def tool(name: str) -> str:
@@ -75,10 +83,99 @@ def _target_and_source(volume: str) -> tuple[str, str]:
     return target, source
 
 
+def _services(name: str) -> dict:
+    return yaml.safe_load((DOCKER / name).read_text())["services"]
+
+
+def _public_ports(service: dict) -> list[object]:
+    """Published ports not bound to the host's loopback: short syntax
+    ``[HOST_IP:]HOST_PORT:CONTAINER_PORT`` or long syntax with ``host_ip``."""
+    return [
+        port
+        for port in service.get("ports", [])
+        if not (
+            port.get("host_ip") == "127.0.0.1"
+            if isinstance(port, dict)
+            else str(port).startswith("127.0.0.1:")
+        )
+    ]
+
+
+@pytest.mark.parametrize("compose", COMPOSE_FILES, ids=lambda p: p.name)
+def test_only_the_gateway_is_published_on_public_interfaces(compose: Path) -> None:
+    for name, service in _services(compose.name).items():
+        if name != "gateway":
+            assert not _public_ports(service), (compose.name, name, service["ports"])
+
+
+def test_the_gateway_is_pinned_and_fills_every_placeholder() -> None:
+    service = _services("compose.tls.yml")["gateway"]
+    assert re.fullmatch(r"nginx:\d+\.\d+\.\d+(-alpine)?", service["image"]), service["image"]
+    assert _public_ports(service), "the gateway is the public door"
+    placeholders = set(PLACEHOLDER.findall(gateway.TEMPLATE.read_text()))
+    assert placeholders == set(service["environment"]), placeholders
+    mounts = dict(_target_and_source(v) for v in service["volumes"])
+    assert mounts["/etc/nginx/templates/default.conf.template"] == "./gateway.conf.template"
+
+
+def _holds_the_secret(service: dict) -> bool:
+    """The secret flag on its command line (or in the env its command expands) and the file."""
+    flags = " ".join([*service.get("command", []), *service.get("environment", {}).values()])
+    mounted = SECRET in {_target_and_source(v)[0] for v in service.get("volumes", [])}
+    return mounted and re.search(rf"--superexec-auth-secret-file[= ]{SECRET}", flags) is not None
+
+
 def test_tls_overlay_secures_every_supernode() -> None:
-    overlay = yaml.safe_load((DOCKER / "compose.tls.yml").read_text())["services"]
+    overlay = _services("compose.tls.yml")
     assert "--enable-supernode-auth" in overlay["superlink"]["command"]
-    base = yaml.safe_load((DOCKER / "compose.yml").read_text())["services"]
-    for node in (s for s in base if s.startswith("supernode-")):
-        security = overlay[node]["environment"]["SUPERLINK_SECURITY"]
+    nodes = [s for s in _services("compose.yml") if s.startswith("supernode-")]
+    executors = [s for s in overlay if s.startswith("superexec-")]
+    assert len(executors) == len(nodes) + 1
+    for name in ["superlink", *nodes, *executors]:
+        assert _holds_the_secret(overlay[name]), name
+    for node in nodes:
+        environment = overlay[node]["environment"]
+        security = environment["SUPERLINK_SECURITY"]
         assert "--root-certificates" in security and "--auth-supernode-private-key" in security
+        assert environment["SUPERLINK_ADDRESS"] == "${SUPERLINK_ADDRESS:-gateway:8443}", node
+
+
+def test_the_template_renders_the_same_through_envsubst(tmp_path: Path) -> None:
+    """The official image's way: envsubst limited to the names defined in the environment."""
+    envsubst = shutil.which("envsubst")
+    if envsubst is None:
+        pytest.skip("envsubst is missing (apt-get install gettext-base)")
+    values = {
+        "GATEWAY_LISTEN": "127.0.0.1:1",
+        "GATEWAY_CERT": str(tmp_path / "server.pem"),
+        "GATEWAY_KEY": str(tmp_path / "server.key"),
+        "SUPERLINK_UPSTREAM": "127.0.0.1:2",
+        "SUPERLINK_CA": str(tmp_path / "ca.crt"),
+        "SUPERLINK_TLS_NAME": gateway.SUPERLINK_TLS_NAME,
+    }
+    environment = {**os.environ, **values}
+    names = " ".join(f"${{{name}}}" for name in environment)
+    done = subprocess.run(
+        [envsubst, names],
+        input=gateway.TEMPLATE.read_text(),
+        env=environment,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert "${" not in done.stdout and "$remote_addr" in done.stdout, done.stdout
+    assert done.stdout == gateway.render("127.0.0.1:1", "127.0.0.1:2", tmp_path)
+
+
+def test_the_rendered_gateway_passes_nginx_t(tmp_path: Path) -> None:
+    nginx = gateway.nginx()
+    if nginx is None:
+        pytest.skip("nginx is not installed (apt-get install nginx-light)")
+    make_certificates(tmp_path / "certs", ["localhost"], [])
+    config = gateway.write_config(tmp_path / "gw", "127.0.0.1:1", "127.0.0.1:2", tmp_path / "certs")
+    done = subprocess.run(
+        [nginx, "-t", *gateway.arguments(tmp_path / "gw", config)],
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
