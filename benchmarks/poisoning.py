@@ -7,10 +7,12 @@ and three synthetic languages) once honestly and once per attack, in which one s
 (``--culprit``) tampers with every training reply after its honest training:
 
 - ``x1e3``, ``x1e6``: its pseudo-gradient scaled (well-formed, finite);
-- ``near-max``: every value ±3.3e38, near the float32 limit (a float32 sum would overflow);
+- ``to-max``: scaled until its largest value is 3.3e38, near the float32 limit (a float32
+  sum of two such replies overflows);
+- ``saturated``: every value ±3.3e38: only the signs of its update are left;
 - ``int8-scale``: ``compression=int8``, its block scales × 1e30 (the codes are honest);
 - ``fp16-max``: ``compression=fp16``, every value ±65504, fp16's largest;
-- ``flip-x5``: its update reversed and × 5, small enough to pass the size checks, once
+- ``flip``: its update reversed, the same size, so no size check can see it; once
   combined by the weighted mean and once by ``--robust`` (trimmed mean by default).
 
 Updates caught as too large are clipped to the round's median size (the default
@@ -49,8 +51,8 @@ from dept.compression import SCALE_SUFFIX
 from dept.config import DeptConfig, load_config, resolve_path, to_run_config
 from dept_strategy import keys
 
-Tamper = Callable[[str, np.ndarray], np.ndarray]  # (array name, values) -> what is sent
-GROSS = ("x1e3", "x1e6", "near-max", "int8-scale", "fp16-max")  # must be caught every round
+Tamper = Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]  # payload -> what is sent
+GROSS = ("x1e3", "x1e6", "to-max", "saturated", "int8-scale", "fp16-max")  # caught every round
 NAMED = ("clipped", "rejected")  # what the summary calls a caught update
 
 
@@ -62,16 +64,31 @@ class Attack:
     outlier_action: str = "clip"
 
 
+def _values(arrays: dict[str, np.ndarray]) -> list[str]:
+    """The arrays holding update values (not int8's block scales)."""
+    return [n for n in arrays if not n.endswith(SCALE_SUFFIX)]
+
+
 def _scaled(factor: float) -> Tamper:
-    return lambda name, v: v if name.endswith(SCALE_SUFFIX) else v * np.float32(factor)
+    return lambda a: {n: v * np.float32(factor) if n in _values(a) else v for n, v in a.items()}
+
+
+def _to_max(limit: float) -> Tamper:
+    def tamper(arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        biggest = max(float(np.abs(arrays[n]).max()) for n in _values(arrays))
+        return {
+            n: (v.astype(np.float64) * (limit / biggest)).astype(v.dtype) for n, v in arrays.items()
+        }
+
+    return tamper
 
 
 def _saturated(limit: float) -> Tamper:
-    return lambda name, v: np.where(v < 0, -limit, limit).astype(v.dtype)
+    return lambda a: {n: np.where(v < 0, -limit, limit).astype(v.dtype) for n, v in a.items()}
 
 
-def _int8_scales(name: str, v: np.ndarray) -> np.ndarray:
-    return v * np.float32(1e30) if name.endswith(SCALE_SUFFIX) else v
+def _int8_scales(arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    return {n: v if n in _values(arrays) else v * np.float32(1e30) for n, v in arrays.items()}
 
 
 def attacks(robust: str) -> dict[str, Attack]:
@@ -79,13 +96,14 @@ def attacks(robust: str) -> dict[str, Attack]:
         "honest": Attack(None),
         "x1e3": Attack(_scaled(1e3)),
         "x1e6": Attack(_scaled(1e6)),
-        "near-max": Attack(_saturated(3.3e38)),
+        "to-max": Attack(_to_max(3.3e38)),
+        "saturated": Attack(_saturated(3.3e38)),
         "int8-scale": Attack(_int8_scales, compression="int8"),
         "fp16-max": Attack(_saturated(65504.0), compression="fp16"),
         "x1e6/reject": Attack(_scaled(1e6), outlier_action="reject"),
-        "flip-x5": Attack(_scaled(-5.0)),
+        "flip": Attack(_scaled(-1.0)),
         f"honest/{robust}": Attack(None, aggregation=robust),
-        f"flip-x5/{robust}": Attack(_scaled(-5.0), aggregation=robust),
+        f"flip/{robust}": Attack(_scaled(-1.0), aggregation=robust),
     }
 
 
@@ -103,8 +121,9 @@ def poisoning(app: Callable[[Message, Context], Message], culprit: str, tamper: 
             and reply.has_content()
         ):
             arrays = reply.content.array_records[keys.ARRAYS]
-            for name in [n for n in arrays if n != keys.EMBEDDING_IDS]:
-                arrays[name] = Array(tamper(name, arrays[name].numpy()))
+            sent = {n: arrays[n].numpy() for n in arrays if n != keys.EMBEDDING_IDS}
+            for name, value in tamper(sent).items():
+                arrays[name] = Array(value)
         return reply
 
     return bad_node
@@ -156,12 +175,14 @@ def summarise(args: argparse.Namespace, rows: list[dict[str, Any]]) -> dict[str,
         [
             "attack",
             "combined by",
+            "too large:",
             "avg bpb",
             "Δ vs honest %",
-            "honest 3 avg",
-            "culprit refused in rounds",
+            "3 honest avg",
+            "culprit bpb",
+            "culprit caught in rounds",
             "its tokens credited",
-            "why (first)",
+            "why (round 1)",
         ],
         [
             (
@@ -171,9 +192,10 @@ def summarise(args: argparse.Namespace, rows: list[dict[str, Any]]) -> dict[str,
                 r["avg_val_bpb"],
                 change(r),
                 r["honest_avg_val_bpb"],
+                r["sources"][args.culprit],
                 ", ".join(map(str, r["culprit_named_rounds"])) or "none",
                 r["culprit_tokens_credited"],
-                r["culprit_reason"][:70],
+                r["culprit_reason"][:48],
             )
             for r in rows
         ],

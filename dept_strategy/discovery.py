@@ -157,7 +157,7 @@ class SourceDirectory:
 
     def _learn(self, node: int, reply: Message, on_failure: Callable[[int, str], None]) -> None:
         if reply.has_error():
-            log.warning("node %d cannot take part: %s", node, reply.error.reason)
+            log.warning("node %d cannot take part: %s", node, last_line(reply.error.reason))
             self.failures[node] = last_line(reply.error.reason)
             on_failure(node, reply.error.reason or "?")
             return

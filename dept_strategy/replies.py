@@ -85,28 +85,21 @@ class ReplyDesk:
         )
 
     def rejected(self, target: Target, why: str) -> None:
-        log.warning(
-            "round %d: rejected the reply for source %s from node %d: %s",
-            self.round,
-            target.source,
-            target.node,
-            why,
-        )
-        self.history.at(self.round).rejected.append(
-            {"node": str(target.node), "source": target.source, "reason": why}
-        )
+        self._note("rejected the reply for", self.history.at(self.round).rejected, target, why)
 
     def clipped(self, target: Target, why: str) -> None:
+        self._note("clipped the update of", self.history.at(self.round).clipped, target, why)
+
+    def _note(self, what: str, entries: list[dict[str, str]], target: Target, why: str) -> None:
         log.warning(
-            "round %d: clipped the update of source %s from node %d: %s",
+            "round %d: %s source %s from node %d: %s",
             self.round,
+            what,
             target.source,
             target.node,
             why,
         )
-        self.history.at(self.round).clipped.append(
-            {"node": str(target.node), "source": target.source, "reason": why}
-        )
+        entries.append({"node": str(target.node), "source": target.source, "reason": why})
 
     def missing(self) -> None:
         """Sampled sources whose node did not answer within ``round-timeout-s``."""

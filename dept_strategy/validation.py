@@ -19,10 +19,15 @@ class RejectedReply(ValueError):
     """The reply cannot be aggregated; the message says why (for the log and the report)."""
 
 
+REASON_CHARS = 400  # a reason longer than this (Ray's out-of-memory report) is cut
+
+
 def last_line(reason: str | None) -> str:
-    """The line of an error reason that says what went wrong (tracebacks end with it)."""
+    """The line of an error reason that says what went wrong (tracebacks end with it), cut
+    to ``REASON_CHARS`` so a report stays readable."""
     lines = (reason or "").strip().splitlines()
-    return lines[-1].strip() if lines else "?"
+    line = lines[-1].strip() if lines else "?"
+    return line if len(line) <= REASON_CHARS else line[: REASON_CHARS - 1] + "…"
 
 
 def finite_metrics(metrics: MetricRecord) -> dict[str, float]:

@@ -23,6 +23,19 @@ from tests.helpers import debug_run_config
 SCRIPTS = ("latin", "cyrillic", "greek", "georgian")
 
 
+def script_nodes(tmp_path: Path, scripts: tuple[str, ...]) -> list[dict[str, object]]:
+    """Deployment-style node configs, one built-in synthetic language each."""
+    return [
+        {
+            "source": script,
+            "path": f"builtin:synthetic-{script}",
+            "vocab-size": 300,
+            "state-dir": str(tmp_path / "state" / script),
+        }
+        for script in scripts
+    ]
+
+
 class ChangingGrid(LocalGrid):
     """Node 4 connects once round 1 is evaluated; node 1 is gone for round 2's training."""
 
@@ -52,15 +65,7 @@ def test_a_source_joins_and_a_node_returns_with_its_embeddings(
     run_config = debug_run_config(
         tmp_path, **{"num-server-rounds": 3, "local-steps": 4, "eval-bytes": 2048}
     )
-    nodes = [
-        {
-            "source": script,
-            "path": f"builtin:synthetic-{script}",
-            "vocab-size": 300,
-            "state-dir": str(tmp_path / "state" / script),
-        }
-        for script in SCRIPTS
-    ]
+    nodes = script_nodes(tmp_path, SCRIPTS)
     grid = ChangingGrid(client_app, nodes, run_config)
 
     clients = logging.getLogger("dept.source_client")  # not propagated: Flower's handlers
@@ -109,15 +114,7 @@ def test_a_source_whose_state_is_lost_says_so_in_the_summary(tmp_path: Path) -> 
     run_config = debug_run_config(
         tmp_path, **{"num-server-rounds": 2, "local-steps": 4, "eval-bytes": 2048}
     )
-    nodes = [
-        {
-            "source": script,
-            "path": f"builtin:synthetic-{script}",
-            "vocab-size": 300,
-            "state-dir": str(tmp_path / "state" / script),
-        }
-        for script in SCRIPTS[:2]
-    ]
+    nodes = script_nodes(tmp_path, SCRIPTS[:2])
     grid = ForgetfulGrid(client_app, nodes, run_config, state=tmp_path / "state")
 
     out = run_federation(grid, run_config)
