@@ -200,9 +200,7 @@ def summarise(args: argparse.Namespace, rows: list[dict[str, Any]]) -> dict[str,
             for r in rows
         ],
     )
-    caught = [
-        r for r in rows if r["attack"] in ("x1e3", "x1e6", "near-max", "int8-scale", "fp16-max")
-    ]
+    caught = [r for r in rows if r["attack"] in GROSS]
     return {
         **result_header("poisoning", args, None),
         "table": table,

@@ -86,8 +86,7 @@ def check_client_fits(cfg: DeptConfig, vocab_size: int, vocab_key: str, device: 
     logits = 2 * FLOAT32 * cfg.batch_size * cfg.seq_len * vocab_size
     need = weights + logits
     if need > device.memory:
-        by_vocab = embedding > body or logits > weights
-        where = f"{vocab_key} ({vocab_size:,})" if by_vocab else f"config key 'model' ({cfg.model})"
+        where = _culprit(cfg, vocab_size, vocab_key, logits > weights, embedding > body)
         raise ConfigError(
             f"{where}: a client needs at least {_gb(need)} "
             f"({_gb(weights)} for the weights, gradients and AdamW moments of "
@@ -96,6 +95,21 @@ def check_client_fits(cfg: DeptConfig, vocab_size: int, vocab_key: str, device: 
             f"more than this {device.kind}'s {_gb(device.memory)}"
         )
     _check_round_time(cfg, body + embedding, device)
+
+
+def _culprit(
+    cfg: DeptConfig, vocab_size: int, vocab_key: str, by_logits: bool, by_embedding: bool
+) -> str:
+    """The key to name for a client that does not fit: of the logits' factors the one most
+    above its default, else the vocabulary or the model, whichever is larger."""
+    if by_logits:
+        ratios = {
+            f"{vocab_key} ({vocab_size:,})": vocab_size / DeptConfig.global_vocab_size,
+            f"config key 'seq-len' ({cfg.seq_len:,})": cfg.seq_len / DeptConfig.seq_len,
+            f"config key 'batch-size' ({cfg.batch_size:,})": cfg.batch_size / DeptConfig.batch_size,
+        }
+        return max(ratios, key=lambda k: ratios[k])
+    return f"{vocab_key} ({vocab_size:,})" if by_embedding else f"config key 'model' ({cfg.model})"
 
 
 def _check_round_time(cfg: DeptConfig, params: int, device: Device) -> None:

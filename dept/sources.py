@@ -177,8 +177,16 @@ def _kind_of(value: Any) -> str:
 
 
 def run_sources(cfg: DeptConfig) -> list[SourceSpec]:
-    """The sources the run config declares (its sources file, or the built-in default)."""
-    return load_sources(resolve_path(cfg.sources_file) if cfg.sources_file else None)
+    """The sources the run config declares (its sources file, or the built-in default); a
+    problem with the file is named with its config key."""
+    if not cfg.sources_file:
+        return load_sources(None)
+    try:
+        return load_sources(resolve_path(cfg.sources_file))
+    except ConfigError as exc:
+        if str(exc).startswith("config key"):
+            raise
+        raise ConfigError(f"config key 'sources-file': {exc}") from exc
 
 
 def source_files(spec: SourceSpec) -> list[Path]:

@@ -10,7 +10,7 @@ import pytest
 
 from dept.config import DeptConfig, load_config
 from dept.logs import PROJECT_LOGGERS
-from tests.helpers import debug_run_config
+from tests.helpers import debug_run_config, held_elsewhere
 
 
 @pytest.fixture
@@ -31,3 +31,10 @@ def project_log(caplog: pytest.LogCaptureFixture) -> Iterator[pytest.LogCaptureF
     finally:
         for logger in loggers:
             logger.removeHandler(caplog.handler)
+
+
+@pytest.fixture
+def held_output(tmp_path: Path) -> Iterator[tuple[Path, int]]:
+    """An output folder another living process holds, and that process's pid."""
+    with held_elsewhere(tmp_path / "out") as pid:
+        yield tmp_path / "out", pid

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Callable
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -62,3 +65,20 @@ def corpus(name: str) -> Path:
     if not (path / "train.txt").is_file():
         pytest.skip(f"shared corpus {path} is not present on this machine")
     return path
+
+
+HOLD = "import sys, time; from pathlib import Path; from dept.lock import exclusive_folder\n"
+HOLD += "with exclusive_folder(Path(sys.argv[1])):\n    print('held', flush=True); time.sleep(60)\n"
+
+
+@contextlib.contextmanager
+def held_elsewhere(folder: Path) -> Iterator[int]:
+    """``folder`` held (:mod:`dept.lock`) by another living process, whose pid is yielded;
+    that process is killed when the block ends."""
+    holder = subprocess.Popen([sys.executable, "-c", HOLD, str(folder)], stdout=subprocess.PIPE)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == b"held"
+        yield holder.pid
+    finally:
+        holder.kill()
+        holder.wait()

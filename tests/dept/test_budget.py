@@ -9,7 +9,6 @@ from dept.budget import Device, body_params, check_client_fits, check_server_fit
 from dept.config import ConfigError, load_config
 from dept.model import body_state, build_model
 from dept.sources import parse_source
-from server_app.launch import main as dept_run
 from tests.helpers import debug_run_config
 
 LAPTOP = Device("cpu", memory=16e9, peak_flops=4 * 2.5e11)
@@ -62,10 +61,3 @@ def test_sizes_no_machine_serves_are_refused_by_the_schema(
         parse_source(
             {"name": "x", "path": "builtin:synthetic-latin", "vocab-size": 10**7}, tmp_path
         )
-
-
-def test_dept_run_refuses_before_starting_flower(tmp_path: Path, capsys) -> None:
-    code = dept_run(["-c", f"grad-accum-steps=100000 output-dir='{tmp_path / 'out'}'"])
-    assert code == 2
-    err = capsys.readouterr().err
-    assert err.startswith("dept-run: error: config key 'grad-accum-steps' (100,000)"), err

@@ -4,32 +4,21 @@ over with a warning, and a folder that cannot be used is named with its config k
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from dept.config import ConfigError
 from dept.lock import LOCK_FILE, FolderInUse, check_folder_free, exclusive_folder
-
-HOLD = "import sys, time; from pathlib import Path; from dept.lock import exclusive_folder\n"
-HOLD += "with exclusive_folder(Path(sys.argv[1])):\n    print('held', flush=True); time.sleep(60)\n"
+from tests.helpers import held_elsewhere
 
 
 def test_a_second_holder_stops_at_once_naming_the_first(tmp_path: Path) -> None:
-    holder = subprocess.Popen(
-        [sys.executable, "-c", HOLD, str(tmp_path)], stdout=subprocess.PIPE, text=True
-    )
-    try:
-        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
-        with pytest.raises(FolderInUse, match=rf"'output-dir': {tmp_path} is in use by pid "):
+    with held_elsewhere(tmp_path) as pid:
+        with pytest.raises(FolderInUse, match=rf"'output-dir': {tmp_path} is in use by pid {pid}"):
             check_folder_free(tmp_path)
-        with pytest.raises(FolderInUse, match=str(holder.pid)), exclusive_folder(tmp_path):
+        with pytest.raises(FolderInUse, match=str(pid)), exclusive_folder(tmp_path):
             pass
-    finally:
-        holder.kill()
-        holder.wait()
     with exclusive_folder(tmp_path):  # the kernel let go of the dead holder's lock
         pass
 
