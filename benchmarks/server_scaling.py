@@ -237,11 +237,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--spool",
         type=Path,
-        default=None,
-        help="where the round's replies wait on disk (default: <out>/spool)",
+        default=Path("outputs/bench/server-scaling/spool"),
+        help="where the round's replies wait on disk",
     )
     args = parser.parse_args(argv)
-    args.spool = args.spool or args.out / "spool"
     if args.quick:
         args.sizes, args.replies = [1e6, 4e6], [2, 4]
     return args

@@ -16,7 +16,8 @@ def test_body_shapes_come_close_to_the_size_asked() -> None:
 def test_server_scaling_quick(tmp_path: Path) -> None:
     out = tmp_path / "out"
 
-    assert main(["--sizes", "3e5", "--replies", "2", "--out", str(out)]) == 0
+    argv = ["--sizes", "3e5", "--replies", "2", "--out", str(out), "--spool", str(tmp_path)]
+    assert main(argv) == 0
 
     result = json.loads((out / "server_scaling.json").read_text())
     paths = {r["path"]: r for r in result["runs"]}
