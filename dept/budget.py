@@ -22,6 +22,7 @@ import torch
 
 from dept.config import ConfigError, DeptConfig, snake
 from dept.sources import SourceSpec
+from dept.vocab import MIN_VOCAB_SIZE
 
 FLOAT32 = 4
 ADAMW_BYTES_PER_PARAM = 16  # weight, gradient and two moments, float32
@@ -60,20 +61,31 @@ def body_params(preset: str) -> int:
     return sum(p.numel() for p in body_parameters(model).values())
 
 
-def embedding_params(cfg: DeptConfig, vocab_size: int) -> int:
+def head_params(cfg: DeptConfig, vocab_size: int) -> int:
+    """One (V, d) embedding matrix: the output head's matmul, every token."""
     from dept.model import PRESETS
 
-    return vocab_size * PRESETS[cfg.model].hidden_size * (1 if cfg.tie_embeddings else 2)
+    return vocab_size * PRESETS[cfg.model].hidden_size
+
+
+def embedding_params(cfg: DeptConfig, vocab_size: int) -> int:
+    return head_params(cfg, vocab_size) * (1 if cfg.tie_embeddings else 2)
+
+
+def vocab_key(cfg: DeptConfig, spec: SourceSpec) -> str:
+    """Where a source's embedding rows come from, to name in an error."""
+    if cfg.variant == "spec-opt":
+        return f"source '{spec.name}' key 'vocab-size'"
+    return "config key 'global-vocab-size'"
 
 
 def check_source_fits(cfg: DeptConfig, spec: SourceSpec, device: Device) -> None:
-    """:func:`check_client_fits` for ``spec`` at the vocabulary size it asks for (its own
-    for SPEC-OPT, the global one otherwise), before any tokenizer is trained."""
-    if cfg.variant == "spec-opt":
-        where = f"source '{spec.name}' key 'vocab-size'"
-        check_client_fits(cfg, spec.vocab_size, where, device)
-    else:
-        check_client_fits(cfg, cfg.global_vocab_size, "config key 'global-vocab-size'", device)
+    """:func:`check_client_fits` before any tokenizer exists, at the fewest embedding rows
+    the source can end with: the global φ's for GLOB (it embeds all of them), the smallest
+    vocabulary otherwise (a SPEC-OPT tokenizer, or a SPEC/TRIM V_k, may be far smaller than
+    asked). The exact check follows once the source knows its rows."""
+    rows = cfg.global_vocab_size if cfg.variant == "glob" else MIN_VOCAB_SIZE
+    check_client_fits(cfg, rows, vocab_key(cfg, spec), device)
 
 
 def check_client_fits(cfg: DeptConfig, vocab_size: int, vocab_key: str, device: Device) -> None:
@@ -94,7 +106,10 @@ def check_client_fits(cfg: DeptConfig, vocab_size: int, vocab_key: str, device: 
             f"batch-size {cfg.batch_size} x seq-len {cfg.seq_len} x {vocab_size:,} tokens), "
             f"more than this {device.kind}'s {_gb(device.memory)}"
         )
-    _check_round_time(cfg, body + embedding, device)
+    # FLOPs: the input embedding is a lookup; the output head is a (V, d) matmul per token.
+    _check_round_time(
+        cfg, body + embedding_params(cfg, vocab_size) // (1 + (not cfg.tie_embeddings)), device
+    )
 
 
 def _culprit(

@@ -91,10 +91,10 @@ def make_certificates(
     returns the files written. Refuses (FileExistsError) to replace files unless ``force``."""
     keys_dir = out / "supernodes"
     for node in supernodes:
-        if not NODE_NAME.fullmatch(node) or ".." in node:
+        if not NODE_NAME.fullmatch(node) or ".." in node or node.endswith(".pub"):
             raise ValueError(
                 f"SuperNode name {node!r} is not a plain file name (letters, digits, '.', '_', "
-                "'-'; no separators, no leading dot, no '..')"
+                "'-'; no separators, no leading dot, no '..', no '.pub' ending)"
             )
     files = {
         out / "ca.crt",

@@ -79,12 +79,17 @@ def decode(
 
 
 def compress_with_feedback(
-    delta: Mapping[str, torch.Tensor], residual: Mapping[str, torch.Tensor], kind: str
+    delta: Mapping[str, torch.Tensor],
+    residual: Mapping[str, torch.Tensor],
+    kind: str,
+    limit: float | None = None,
 ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
     """(payload for Δ + ``residual``, the new residual: what that payload loses).
 
     ``residual`` is the previous round's (empty before the first). Over rounds the decoded
-    payloads sum to the true Δs minus the last residual.
+    payloads sum to the true Δs minus the last residual. ``limit``: no value sent exceeds it
+    (the server's reach for this round: a residual from a round of larger learning rates
+    must not make an honest update look impossible); the excess stays in the residual.
     """
     if residual and (
         residual.keys() != delta.keys()
@@ -92,7 +97,8 @@ def compress_with_feedback(
     ):
         raise ValueError("the saved residual does not match the update's tensors or shapes")
     target = {n: v + residual[n] if residual else v for n, v in delta.items()}
-    payload = encode(target, kind)
+    sent = {n: v.clamp(-limit, limit) for n, v in target.items()} if limit else target
+    payload = encode(sent, kind)
     received = decode(payload, {n: tuple(v.shape) for n, v in target.items()}, kind)
     return payload, {n: target[n] - received[n] for n in target}
 

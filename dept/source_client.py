@@ -25,7 +25,7 @@ import numpy as np
 import torch
 from transformers import PreTrainedModel
 
-from dept.budget import Device, check_source_fits
+from dept.budget import Device, check_client_fits, check_source_fits, vocab_key
 from dept.compression import compress_with_feedback, encode
 from dept.config import DeptConfig
 from dept.data import (
@@ -39,7 +39,13 @@ from dept.evaluate import EvalResult, evaluate_stream
 from dept.model import PRESETS, body_state, build_model, embedding_parameters, load_body
 from dept.sources import SourceSpec
 from dept.synthetic import oracle_bpb
-from dept.train import TrainStats, make_inner_optimizer, resolve_device, train_local
+from dept.train import (
+    TrainStats,
+    make_inner_optimizer,
+    max_round_update,
+    resolve_device,
+    train_local,
+)
 from dept.vocab import (
     VocabMap,
     check_fits,
@@ -49,6 +55,9 @@ from dept.vocab import (
     tokenizer_digest,
 )
 from dept.workspace import (
+    EMBEDDINGS_FILE,
+    OPTIMIZER_FILE,
+    RESIDUAL_FILE,
     Attempt,
     FoundState,
     SourceState,
@@ -82,7 +91,8 @@ class SourceClient:
     ) -> None:
         self.cfg, self.spec, self.ws = cfg, spec, workspace
         self.device = resolve_device(cfg.device)
-        check_source_fits(cfg, spec, Device.here(self.device.type))  # before any real work
+        device = Device.here(self.device.type)
+        check_source_fits(cfg, spec, device)  # before any real work
         text = load_source_text(spec, workspace.cache, cfg.seed)
         if cfg.variant == "spec-opt":
             tok_path = own_tokenizer(spec, text, workspace.cache, cfg.seed)
@@ -99,6 +109,7 @@ class SourceClient:
         )
         self.token_bytes = token_byte_lengths(self.tokenizer)
         self.vocab_map = self._vocab_map() if cfg.variant in ("spec", "trim") else None
+        check_client_fits(cfg, self.vocab_size, vocab_key(cfg, spec), device)  # exact rows
         self.oracle_bpb = oracle_bpb(text.folder) if text.folder else None
 
     def _vocab_map(self) -> VocabMap:
@@ -157,9 +168,7 @@ class SourceClient:
     def state(self, before_round: int, attempt: Attempt | None = None) -> FoundState:
         """The source's newest usable saved state before ``before_round``, checked to belong
         to the tokenizer in use (a changed tokenizer is an error, not a damaged state)."""
-        found = self.ws.load_state(
-            before_round, attempt, needs_embeddings=self.cfg.variant != "glob"
-        )
+        found = self.ws.load_state(before_round, attempt, self._state_files())
         if found.state is not None and found.state.tokenizer != self.tokenizer_digest:
             raise ValueError(
                 f"source {self.spec.name!r}: the state in {self.ws.dir} was trained for another "
@@ -167,6 +176,16 @@ class SourceClient:
                 "data or vocab-size changed within the run"
             )
         return found
+
+    def _state_files(self) -> tuple[str, ...]:
+        """The files every saved round state of this run has (a state without one is
+        incomplete): embeddings but for GLOB, optimizer moments and the compression
+        residual where the run keeps them."""
+        cfg = self.cfg
+        files = [EMBEDDINGS_FILE] if cfg.variant != "glob" else []
+        files += [OPTIMIZER_FILE] if cfg.keep_inner_optimizer else []
+        feedback = cfg.compression != "none" and cfg.compression_error_feedback
+        return (*files, *([RESIDUAL_FILE] if feedback else []))
 
     def state_event(self, found: FoundState, server_round: int, last_trained: int) -> str:
         """What to report of the state used in ``server_round`` ("" when it is the one the
@@ -177,7 +196,7 @@ class SourceClient:
         what = "embeddings" if self.cfg.variant != "glob" else "optimizer state and position"
         if state is None and (last_trained >= 0 or why):
             event = f"fresh {what} in round {server_round}: state lost ({why or 'no saved state'})"
-        elif state is not None and (why or state.server_round < last_trained):
+        elif state is not None and state.server_round < last_trained:
             event = (
                 f"{what} from the state of round {state.server_round} in round {server_round}, "
                 f"not round {last_trained}'s ({why or 'its state is missing'})"
@@ -235,7 +254,9 @@ class SourceClient:
             **{k: p[: self._shared_rows()] for k, p in embeddings.items()},
         }
         delta = {name: arrays[name].float() - local[name].detach().cpu() for name in arrays}
-        payload, residual = self._payload(delta, state)
+        biggest = max(float(v.abs().max()) for v in arrays.values())
+        limit = max_round_update(self.cfg, global_step, biggest)  # what the server allows
+        payload, residual = self._payload(delta, state, limit)
         self.ws.save_state(
             server_round,
             SourceState(
@@ -251,14 +272,16 @@ class SourceClient:
         return RoundResult(delta, payload, stats, event)
 
     def _payload(
-        self, delta: dict[str, torch.Tensor], state: SourceState | None
+        self, delta: dict[str, torch.Tensor], state: SourceState | None, limit: float
     ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
         """(what travels for ``delta``, what it loses and the next round adds back). The
-        residual is saved with the round's state, so a re-run round sends the same bytes."""
+        residual is saved with the round's state, so a re-run round sends the same bytes;
+        no value sent exceeds ``limit``, the server's reach for the round."""
         kind = self.cfg.compression
         if kind == "none" or not self.cfg.compression_error_feedback:
             return encode(delta, kind), {}
-        return compress_with_feedback(delta, state.residual if state is not None else {}, kind)
+        residual = state.residual if state is not None else {}
+        return compress_with_feedback(delta, residual, kind, limit)
 
     def evaluate(
         self,

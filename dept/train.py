@@ -118,42 +118,13 @@ def train_local(
     Progress counts micro-batches, and a log line goes out every quarter of the round or
     every ``PROGRESS_EVERY_S`` seconds, so even a step of many micro-batches shows it lives.
     """
-    device = next(model.parameters()).device
     model.train()
+    progress = Progress(cfg, desc, start_step)
     losses: list[float] = []
-    tokens = 0
-    started = last_log = time.perf_counter()
-    total = cfg.local_steps * cfg.grad_accum_steps
-    bar = tqdm(
-        total=total, desc=desc, unit="batch", mininterval=2.0, leave=False, disable=None
-    )  # a bar on a terminal; log lines below everywhere else
-    log_every = max(1, cfg.local_steps // 4)
     for local_step in range(cfg.local_steps):
         for group in optimizer.param_groups:
             group["lr"] = lr_at(start_step + local_step, cfg)
-        step_loss = 0.0
-        for micro in range(cfg.grad_accum_steps):
-            batch = torch.from_numpy(next(batches)).to(device, dtype=torch.long, non_blocking=True)
-            with autocast(device):
-                loss = next_token_loss(model, batch) / cfg.grad_accum_steps
-            loss.backward()
-            step_loss += loss.item()
-            tokens += batch.shape[0] * (batch.shape[1] - 1)
-            bar.update()
-            if (
-                time.perf_counter() - last_log >= PROGRESS_EVERY_S
-                and micro + 1 < cfg.grad_accum_steps
-            ):
-                last_log = time.perf_counter()
-                log.info(
-                    "%s: step %d/%d, micro-batch %d/%d, %.0f tokens/s",
-                    desc,
-                    local_step + 1,
-                    cfg.local_steps,
-                    micro + 1,
-                    cfg.grad_accum_steps,
-                    tokens / max(last_log - started, 1e-9),
-                )
+        step_loss = _accumulate(model, batches, cfg, progress, local_step)
         if cfg.grad_clip > 0:
             torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
         optimizer.step()
@@ -161,21 +132,86 @@ def train_local(
         if not math.isfinite(step_loss):
             raise FloatingPointError(f"{desc}: loss became {step_loss} at local step {local_step}")
         losses.append(step_loss)
-        tok_s = tokens / max(time.perf_counter() - started, 1e-9)
-        bar.set_postfix(loss=f"{step_loss:.3f}", tok_s=f"{tok_s:.0f}")
-        if (local_step + 1) % log_every == 0 or time.perf_counter() - last_log >= PROGRESS_EVERY_S:
-            last_log = time.perf_counter()
-            log.info(
-                "%s: step %d/%d (global %d) loss %.4f lr %.2e %.0f tokens/s",
-                desc,
-                local_step + 1,
-                cfg.local_steps,
-                start_step + local_step + 1,
-                step_loss,
-                optimizer.param_groups[0]["lr"],
-                tok_s,
-            )
-    bar.close()
+        progress.step_done(local_step, step_loss, optimizer.param_groups[0]["lr"])
+    progress.close()
+    tokens, started = progress.tokens, progress.started
     seconds = time.perf_counter() - started
     stats = TrainStats(len(losses), tokens, float(np.mean(losses)), losses[-1], seconds)
     return stats
+
+
+def _accumulate(
+    model: PreTrainedModel,
+    batches: Iterator[np.ndarray],
+    cfg: DeptConfig,
+    progress: Progress,
+    local_step: int,
+) -> float:
+    """Forward and backward ``cfg.grad_accum_steps`` micro-batches; the step's loss."""
+    device = next(model.parameters()).device
+    step_loss = 0.0
+    for micro in range(cfg.grad_accum_steps):
+        batch = torch.from_numpy(next(batches)).to(device, dtype=torch.long, non_blocking=True)
+        with autocast(device):
+            loss = next_token_loss(model, batch) / cfg.grad_accum_steps
+        loss.backward()
+        step_loss += loss.item()
+        progress.micro_batch_done(batch.shape[0] * (batch.shape[1] - 1), local_step, micro)
+    return step_loss
+
+
+class Progress:
+    """A round's progress: a bar of micro-batches on a terminal, log lines everywhere."""
+
+    def __init__(self, cfg: DeptConfig, desc: str, start_step: int) -> None:
+        self.cfg, self.desc, self.start_step = cfg, desc, start_step
+        self.tokens = 0
+        self.started = self.last_log = time.perf_counter()
+        self.log_every = max(1, cfg.local_steps // 4)
+        self.bar = tqdm(
+            total=cfg.local_steps * cfg.grad_accum_steps,
+            desc=desc,
+            unit="batch",
+            mininterval=2.0,
+            leave=False,
+            disable=None,  # a bar on a terminal only
+        )
+
+    def tokens_per_s(self) -> float:
+        return self.tokens / max(time.perf_counter() - self.started, 1e-9)
+
+    def _due(self) -> bool:
+        return time.perf_counter() - self.last_log >= PROGRESS_EVERY_S
+
+    def micro_batch_done(self, tokens: int, local_step: int, micro: int) -> None:
+        self.tokens += tokens
+        self.bar.update()
+        if self._due() and micro + 1 < self.cfg.grad_accum_steps:
+            self.last_log = time.perf_counter()
+            log.info(
+                "%s: step %d/%d, micro-batch %d/%d, %.0f tokens/s",
+                self.desc,
+                local_step + 1,
+                self.cfg.local_steps,
+                micro + 1,
+                self.cfg.grad_accum_steps,
+                self.tokens_per_s(),
+            )
+
+    def step_done(self, local_step: int, loss: float, lr: float) -> None:
+        self.bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{self.tokens_per_s():.0f}")
+        if (local_step + 1) % self.log_every == 0 or self._due():
+            self.last_log = time.perf_counter()
+            log.info(
+                "%s: step %d/%d (global %d) loss %.4f lr %.2e %.0f tokens/s",
+                self.desc,
+                local_step + 1,
+                self.cfg.local_steps,
+                self.start_step + local_step + 1,
+                loss,
+                lr,
+                self.tokens_per_s(),
+            )
+
+    def close(self) -> None:
+        self.bar.close()

@@ -89,7 +89,7 @@ class Workspace:
         self.dir.mkdir(parents=True, exist_ok=True)
 
     def load_state(
-        self, before_round: int, attempt: Attempt | None = None, needs_embeddings: bool = False
+        self, before_round: int, attempt: Attempt | None = None, required: tuple[str, ...] = ()
     ) -> FoundState:
         """The newest usable state saved after a round before ``before_round`` (None before
         the source's first round, or when every kept state is unusable), and why newer
@@ -98,7 +98,8 @@ class Workspace:
         ``attempt`` is the server's current attempt at the run (None: read as it is, e.g. to
         export): a state of a round after the one it resumed after, written by an earlier
         attempt, comes from a crashed server's round that is being re-run, so it is dropped.
-        ``needs_embeddings``: a state without its embeddings file is incomplete.
+        ``required``: files a complete state has (e.g. ``EMBEDDINGS_FILE``, ``OPTIMIZER_FILE``
+        where the run keeps them); a state without one of them is passed over.
         """
         unusable: list[str] = []
         for server_round in reversed([r for r in self._saved_rounds() if r < before_round]):
@@ -112,7 +113,7 @@ class Workspace:
                 ):
                     shutil.rmtree(folder, ignore_errors=True)
                     continue
-                state = self._read(folder, server_round, progress, needs_embeddings)
+                state = self._read(folder, server_round, progress, required)
             except STATE_ERRORS as exc:
                 why = f"round {server_round}: {type(exc).__name__}: {exc}".splitlines()[0]
                 log.warning("%s: passing over the unusable state of %s", self.dir, why)
@@ -125,12 +126,13 @@ class Workspace:
         return FoundState(None, tuple(unusable))
 
     def _read(
-        self, folder: Path, server_round: int, progress: dict[str, Any], needs_embeddings: bool
+        self, folder: Path, server_round: int, progress: dict[str, Any], required: tuple[str, ...]
     ) -> SourceState:
         embeddings, optimizer = folder / EMBEDDINGS_FILE, folder / OPTIMIZER_FILE
         residual = folder / RESIDUAL_FILE
-        if needs_embeddings and not embeddings.is_file():
-            raise FileNotFoundError(f"{embeddings} is missing")
+        for name in required:
+            if not (folder / name).is_file():
+                raise FileNotFoundError(f"{folder / name} is missing")
         return SourceState(
             server_round=server_round,
             embeddings=load_file(str(embeddings)) if embeddings.is_file() else {},

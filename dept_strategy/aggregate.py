@@ -95,11 +95,11 @@ class RoundSpool:
         frozen: dict[str, torch.Tensor] = {}
         whole = all(s.rows is None for s in accepted)
         for name, shape in self.shapes.items():
-            if name in self.row_tensors:
-                row_mean, frozen[name] = self._row_mean(name, shape, accepted)
-                if rule == "mean" or not whole:  # TRIM's rows: always the row-wise mean
-                    combined[name] = row_mean
-                    continue
+            if name in self.row_tensors and (rule == "mean" or not whole):
+                combined[name], frozen[name] = self._row_mean(name, shape, accepted)
+                continue  # TRIM's rows: always the row-wise mean
+            if name in self.row_tensors:  # GLOB's φ under a robust rule: every row is held
+                frozen[name] = torch.zeros(shape[0], dtype=torch.bool)
             if rule == "mean":
                 combined[name] = self._mean(name, shape, accepted)
             else:

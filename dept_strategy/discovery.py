@@ -32,6 +32,11 @@ log = logging.getLogger(__name__)
 FAIL_FAST_GRACE_S = 10.0  # how long the node set must stay unchanged before giving up early
 
 
+def _same_key(keys_of: dict[int, bytes], a: int, b: int) -> bool:
+    """Both nodes authenticated with one key: the same node, restarted under a new id."""
+    return bool(keys_of.get(a)) and keys_of.get(a) == keys_of.get(b)
+
+
 class NotEnoughNodes(RuntimeError):
     """Fewer nodes or sources than required within the configured wait."""
 
@@ -74,7 +79,7 @@ class SourceDirectory:
         self.asked_in_round.update(dict.fromkeys(unknown, server_round))
         if unknown:
             self._ask(grid, unknown, on_failure)
-        keys_of = node_keys(grid) if self.pinned else {}
+        keys_of = node_keys(grid)  # empty where nodes do not authenticate
         for node in [n for n in self.node_sources if n in connected]:  # first answered first
             for source in self.node_sources[node]:
                 self._claim(server_round, source, node, connected, keys_of)
@@ -92,7 +97,9 @@ class SourceDirectory:
         connected: set[int],
         keys_of: dict[int, bytes],
     ) -> None:
-        """Give ``source`` to ``node`` unless a connected node serves it or a pin forbids."""
+        """Give ``source`` to ``node`` unless a connected node serves it or a pin forbids;
+        a node with the key of the connected holder, which answered after it, is that node
+        restarted under a new id and takes the source over."""
         holder = self.owner.get(source)
         if holder == node:
             return
@@ -103,12 +110,21 @@ class SourceDirectory:
                 f" is not the key {source} is pinned to ({fingerprint(self.pinned[source])})"
             )
             self._refuse(server_round, source, node, holder, why)
-        elif holder is not None and holder in connected:
-            self._refuse(server_round, source, node, holder, f"node {holder} serves it already")
-        else:
-            if holder is not None:
-                log.info("source %s moves from node %d (gone) to node %d", source, holder, node)
-            self.owner[source] = node
+            return
+        if holder is not None and holder in connected:
+            if not _same_key(keys_of, holder, node):
+                self._refuse(server_round, source, node, holder, f"node {holder} serves it already")
+                return
+            if self._answered_before(node, holder):
+                return  # the older id of a restarted node: the newer keeps the source
+        if holder is not None:
+            why = "gone" if holder not in connected else "restarted: the same key"
+            log.info("source %s moves from node %d (%s) to node %d", source, holder, why, node)
+        self.owner[source] = node
+
+    def _answered_before(self, node: int, other: int) -> bool:
+        order = list(self.node_sources)
+        return other in order and order.index(node) < order.index(other)
 
     def _refuse(
         self, server_round: int, source: str, node: int, holder: int | None, why: str

@@ -135,8 +135,13 @@ class ReplyDesk:
         except RejectedReply as exc:
             self.rejected(target, str(exc))
             return None
+        try:
+            spooled = spool.add(delta, weight, rows)
+        except OSError as exc:  # a full disk costs this reply, not the round
+            self.rejected(target, f"the server could not keep it on disk ({exc})")
+            return None
         metrics = finite_metrics(reply.content.metric_records[keys.METRICS])
-        return Arrival(target, spool.add(delta, weight, rows), metrics, bytes_up)
+        return Arrival(target, spooled, metrics, bytes_up)
 
     def check_eval(self, reply: Message, target: Target) -> dict[str, float] | None:
         """The reply's evaluation metrics, range-checked; None (recorded) when refused."""

@@ -11,7 +11,9 @@ and name its source; neither changes an honest round:
 - **relative** (``update-norm-factor`` k): the RMS and the max |Δ| of the body part, and of
   the embedding part where there is one, must be within k × the round's median of the same
   figure. The median is the lower one over the round's replies plus the previous round's
-  accepted median, so one outlier among two replies, or the only reply, is still caught.
+  accepted median, so one outlier among two replies, or the only reply, is still caught;
+  before there is a previous round, it needs three replies (of two, either could be the
+  outlier: a tiny one would make the honest one look large).
 
 RMS rather than the norm, so that parts of different sizes (TRIM sends each source a
 different number of φ rows) compare alike.
@@ -107,6 +109,8 @@ def screen(
     """
     if not stats:
         return {}
+    if previous is None and len(stats) < 3:  # a median of two is either reply: no reference
+        factor = 0
     extra = [previous] if previous is not None else []
     medians = {
         f.name: lower_median([getattr(s, f.name) for s in [*stats, *extra]])

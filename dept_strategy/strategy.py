@@ -322,6 +322,7 @@ class DeptStrategy(Strategy):
                 self.defences.trim_fraction,
             )
         self.outer.step(delta, frozen_rows)
+        self.reference = median_stats([a.spooled.stats for a in accepted]) or self.reference
         return ArrayRecord(self.outer.tensors()), self._credit(server_round, accepted)
 
     def _spool(self, server_round: int) -> Path:
@@ -357,7 +358,6 @@ class DeptStrategy(Strategy):
                     stats=arrival.spooled.stats.scaled(flag.shrink),
                 )
                 kept.append(replace(arrival, spooled=spooled))
-        self.reference = median_stats([a.spooled.stats for a in kept]) or self.reference
         return kept
 
     def _credit(self, server_round: int, accepted: list[Arrival]) -> MetricRecord:

@@ -66,7 +66,7 @@ def test_every_private_file_is_owner_only_from_its_creation(tmp_path: Path) -> N
     assert len((tmp_path / SECRET_FILE).read_bytes()) == 64
 
 
-@pytest.mark.parametrize("name", ["../escaped", "a/b", ".hidden", "a..b", ""])
+@pytest.mark.parametrize("name", ["../escaped", "a/b", ".hidden", "a..b", "", "x.pub"])
 def test_a_supernode_name_that_is_not_a_plain_file_name_is_refused(
     tmp_path: Path, name: str
 ) -> None:

@@ -121,3 +121,14 @@ def test_a_residual_of_other_tensors_is_refused() -> None:
     delta = _tensors()
     with pytest.raises(ValueError, match="residual does not match"):
         compress_with_feedback(delta, {"w": torch.zeros(3)}, "int8")
+
+
+@pytest.mark.parametrize("kind", ["int8", "fp16"])
+def test_no_value_sent_exceeds_the_limit_and_the_excess_waits_in_the_residual(kind: str) -> None:
+    # A residual left by a round of large learning rates, then a round of small ones.
+    delta = {"w": torch.full((300,), 1e-4)}
+    residual = {"w": torch.linspace(-3e-3, 3e-3, 300)}
+    payload, kept = compress_with_feedback(delta, residual, kind, limit=5e-4)
+    sent = decode(payload, {"w": (300,)}, kind)["w"]
+    assert float(sent.abs().max()) <= 5e-4 * (1 + 2**-10)
+    assert torch.allclose(sent + kept["w"], delta["w"] + residual["w"], atol=1e-9)

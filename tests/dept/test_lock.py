@@ -34,7 +34,7 @@ def test_a_dead_holders_lock_is_taken_over_with_a_warning(
     assert (tmp_path / LOCK_FILE).read_text() == "", "a clean end leaves no holder"
 
 
-def test_a_file_or_unwritable_folder_is_named_with_its_key(tmp_path: Path) -> None:
+def test_a_folder_that_cannot_be_made_is_named_with_its_key(tmp_path: Path) -> None:
     afile = tmp_path / "file"
     afile.write_text("x")
     with pytest.raises(ConfigError, match=rf"config key 'output-dir': cannot use {afile}"):

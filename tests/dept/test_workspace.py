@@ -82,6 +82,7 @@ def test_a_residual_is_kept_with_its_round_and_absent_without_one(tmp_path: Path
         ("truncated embeddings", "SafetensorError"),
         ("truncated optimizer", "round 3: "),
         ("embeddings deleted", "embeddings.safetensors is missing"),
+        ("optimizer deleted", "optimizer.pt is missing"),
     ],
 )
 def test_a_damaged_newest_state_falls_back_to_the_newest_good_one(
@@ -91,14 +92,18 @@ def test_a_damaged_newest_state_falls_back_to_the_newest_good_one(
     for server_round in (1, 2, 3):
         ws.save_state(server_round, _state(server_round))
     newest = ws.dir / "round-0003"
-    name = {"truncated progress": PROGRESS_FILE, "truncated optimizer": OPTIMIZER_FILE}.get(
-        damage, EMBEDDINGS_FILE
-    )
-    if damage == "embeddings deleted":
+    name = {
+        "truncated progress": PROGRESS_FILE,
+        "truncated embeddings": EMBEDDINGS_FILE,
+        "truncated optimizer": OPTIMIZER_FILE,
+        "embeddings deleted": EMBEDDINGS_FILE,
+        "optimizer deleted": OPTIMIZER_FILE,
+    }[damage]
+    if damage.endswith("deleted"):
         (newest / name).unlink()
     else:
         (newest / name).write_bytes((newest / name).read_bytes()[:10])
-    found = ws.load_state(before_round=4, needs_embeddings=True)
+    found = ws.load_state(before_round=4, required=(EMBEDDINGS_FILE, OPTIMIZER_FILE))
     assert found.state is not None and found.state.server_round == 2
     assert len(found.unusable) == 1 and found.unusable[0].startswith("round 3: ")
     assert reason in found.unusable[0]

@@ -126,3 +126,15 @@ def test_a_pins_file_that_is_not_keys_is_named(tmp_path: Path) -> None:
     pins.write_text("de: missing.pub\n")
     with pytest.raises(ConfigError, match=r"source de: .*missing\.pub"):
         load_source_keys(pins)
+
+
+def test_a_node_restarted_under_a_new_id_takes_its_source_back() -> None:
+    pem, _ = _key_pair()
+    grid = KeyedGrid(directory_app({1: ["de"], 2: ["de"]}), {1: pem, 2: pem})
+    grid.connected = {1}
+    directory = _directory(wait_s=2)
+    assert directory.refresh(grid, 1, lambda n, r: None) == {"de": 1}
+    grid.connected = {1, 2}  # node 2 is node 1 restarted; its old id is still listed
+    assert directory.refresh(grid, 2, lambda n, r: None) == {"de": 2}
+    assert directory.refresh(grid, 3, lambda n, r: None) == {"de": 2}, "it stays there"
+    assert directory.conflicts == []

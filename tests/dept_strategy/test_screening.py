@@ -28,8 +28,8 @@ def test_one_scaled_update_among_four_is_refused_alone(scale: float) -> None:
 
 
 def test_one_outlier_of_two_and_a_lone_outlier_are_caught_with_last_rounds_median() -> None:
-    assert list(screen([_stats(1e-3), _stats(5.0)], reach=0, factor=10, previous=None)) == [1]
     previous = _stats(1e-3)
+    assert list(screen([_stats(1e-3), _stats(5.0)], reach=0, factor=10, previous=previous)) == [1]
     assert list(screen([_stats(5.0)], reach=0, factor=10, previous=previous)) == [0]
     assert not screen([_stats(2e-3)], reach=0, factor=10, previous=previous)
 
@@ -47,3 +47,9 @@ def test_honest_spread_is_kept_and_the_reference_is_the_median() -> None:
     reference = median_stats(stats)
     assert reference is not None and reference.body_rms == 3e-3
     assert median_stats([]) is None
+
+
+def test_two_replies_without_a_previous_round_cannot_accuse_each_other() -> None:
+    # A tiny update would make the honest one "100x the median" of two.
+    assert not screen([_stats(1e-3), _stats(1e-5)], reach=0, factor=10, previous=None)
+    assert not screen([_stats(1e-3), _stats(1e-5)], reach=0, factor=10, previous=_stats(1e-3))
