@@ -18,6 +18,7 @@ import hashlib
 from pathlib import Path
 
 import yaml
+from cryptography.exceptions import UnsupportedAlgorithm
 from cryptography.hazmat.primitives import serialization
 from flwr.serverapp import Grid
 
@@ -63,19 +64,30 @@ def _der(key: object) -> bytes:
 
 
 def node_keys(grid: Grid) -> dict[int, bytes]:
-    """``{node: DER public key}`` of the connected nodes that authenticated with one."""
+    """``{node: its key}`` of the connected nodes: the DER public key a node authenticated
+    with, or the SuperLink's bytes as they are where they are no key (the simulation gives
+    every node random ones), so they still tell nodes apart and never match a pin."""
     found = {}
     for info in grid.get_nodes():
         if info.public_key:
-            found[int(info.node_id)] = _der(serialization.load_pem_public_key(info.public_key))
+            found[int(info.node_id)] = _normalised(bytes(info.public_key))
     return found
 
 
-def fingerprint(der: bytes) -> str:
-    """``SHA256:...`` as ``ssh-keygen -l`` prints it, for the log."""
-    return "SHA256:" + base64.b64encode(hashlib.sha256(_ssh_blob(der)).digest()).decode().rstrip(
-        "="
-    )
+def _normalised(pem: bytes) -> bytes:
+    try:
+        return _der(serialization.load_pem_public_key(pem))
+    except (ValueError, TypeError, UnsupportedAlgorithm):
+        return pem
+
+
+def fingerprint(key: bytes) -> str:
+    """``SHA256:...`` as ``ssh-keygen -l`` prints it (of the bytes, for what is no key)."""
+    try:
+        blob = _ssh_blob(key)
+    except (ValueError, TypeError, UnsupportedAlgorithm):
+        blob = key
+    return "SHA256:" + base64.b64encode(hashlib.sha256(blob).digest()).decode().rstrip("=")
 
 
 def _ssh_blob(der: bytes) -> bytes:

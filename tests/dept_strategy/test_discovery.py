@@ -1,3 +1,4 @@
+import os
 import time
 from pathlib import Path
 
@@ -138,3 +139,19 @@ def test_a_node_restarted_under_a_new_id_takes_its_source_back() -> None:
     assert directory.refresh(grid, 2, lambda n, r: None) == {"de": 2}
     assert directory.refresh(grid, 3, lambda n, r: None) == {"de": 2}, "it stays there"
     assert directory.conflicts == []
+
+
+def test_nodes_with_random_bytes_for_keys_as_in_simulation(tmp_path: Path) -> None:
+    grid = KeyedGrid(directory_app({1: ["de"], 2: ["fr"]}), {1: os.urandom(32), 2: os.urandom(32)})
+    assert _directory(wait_s=2).refresh(grid, 1, lambda n, r: None) == {"de": 1, "fr": 2}
+    _, own_ssh = _key_pair()
+    (tmp_path / "pins.yaml").write_text(f"de: {own_ssh}\n")
+    pinned = SourceDirectory(
+        run_id="r",
+        min_nodes=0,
+        wait_s=2,
+        query_timeout_s=5,
+        pinned=load_source_keys(tmp_path / "pins.yaml"),
+    )
+    assert pinned.refresh(grid, 1, lambda n, r: None) == {"fr": 2}
+    assert "its key (SHA256:" in pinned.conflicts[0]["reason"]
