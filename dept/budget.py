@@ -15,6 +15,7 @@ have worked there:
 
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass
 
@@ -52,6 +53,7 @@ class Device:
         return cls("cpu", ram, torch.get_num_threads() * PEAK_FLOPS_PER_CPU_THREAD)
 
 
+@functools.cache
 def body_params(preset: str) -> int:
     """θ's size for ``preset``, counted on a model built on the meta device (no memory)."""
     from dept.model import body_parameters, build_model
@@ -88,17 +90,17 @@ def check_source_fits(cfg: DeptConfig, spec: SourceSpec, device: Device) -> None
     check_client_fits(cfg, rows, vocab_key(cfg, spec), device)
 
 
-def check_client_fits(cfg: DeptConfig, vocab_size: int, vocab_key: str, device: Device) -> None:
+def check_client_fits(cfg: DeptConfig, vocab_size: int, vocab_from: str, device: Device) -> None:
     """Refuse, naming the key, a client that cannot hold its training or finish a round.
 
-    ``vocab_key`` names where ``vocab_size`` comes from, e.g. ``config key
-    'global-vocab-size'`` or ``source 'de-novels' key 'vocab-size'``."""
+    ``vocab_from`` names where ``vocab_size`` comes from (:func:`vocab_key`), e.g. ``config
+    key 'global-vocab-size'`` or ``source 'de-novels' key 'vocab-size'``."""
     body, embedding = body_params(cfg.model), embedding_params(cfg, vocab_size)
     weights = ADAMW_BYTES_PER_PARAM * (body + embedding)
     logits = 2 * FLOAT32 * cfg.batch_size * cfg.seq_len * vocab_size
     need = weights + logits
     if need > device.memory:
-        where = _culprit(cfg, vocab_size, vocab_key, logits > weights, embedding > body)
+        where = _culprit(cfg, vocab_size, vocab_from, logits > weights, embedding > body)
         raise ConfigError(
             f"{where}: a client needs at least {_gb(need)} "
             f"({_gb(weights)} for the weights, gradients and AdamW moments of "
@@ -107,24 +109,22 @@ def check_client_fits(cfg: DeptConfig, vocab_size: int, vocab_key: str, device: 
             f"more than this {device.kind}'s {_gb(device.memory)}"
         )
     # FLOPs: the input embedding is a lookup; the output head is a (V, d) matmul per token.
-    _check_round_time(
-        cfg, body + embedding_params(cfg, vocab_size) // (1 + (not cfg.tie_embeddings)), device
-    )
+    _check_round_time(cfg, body + head_params(cfg, vocab_size), device)
 
 
 def _culprit(
-    cfg: DeptConfig, vocab_size: int, vocab_key: str, by_logits: bool, by_embedding: bool
+    cfg: DeptConfig, vocab_size: int, vocab_from: str, by_logits: bool, by_embedding: bool
 ) -> str:
     """The key to name for a client that does not fit: of the logits' factors the one most
     above its default, else the vocabulary or the model, whichever is larger."""
     if by_logits:
         ratios = {
-            f"{vocab_key} ({vocab_size:,})": vocab_size / DeptConfig.global_vocab_size,
+            f"{vocab_from} ({vocab_size:,})": vocab_size / DeptConfig.global_vocab_size,
             f"config key 'seq-len' ({cfg.seq_len:,})": cfg.seq_len / DeptConfig.seq_len,
             f"config key 'batch-size' ({cfg.batch_size:,})": cfg.batch_size / DeptConfig.batch_size,
         }
         return max(ratios, key=lambda k: ratios[k])
-    return f"{vocab_key} ({vocab_size:,})" if by_embedding else f"config key 'model' ({cfg.model})"
+    return f"{vocab_from} ({vocab_size:,})" if by_embedding else f"config key 'model' ({cfg.model})"
 
 
 def _check_round_time(cfg: DeptConfig, params: int, device: Device) -> None:
@@ -148,7 +148,7 @@ def check_server_fits(cfg: DeptConfig, shared_vocab: int, memory: float) -> None
     """Refuse, naming the key, a server that cannot hold the shared tensors, their outer
     optimizer state and a round's mean (``shared_vocab``: rows of the global φ, 0 if none)."""
     body = body_params(cfg.model)
-    embedding = embedding_params(cfg, shared_vocab) if shared_vocab else 0
+    embedding = embedding_params(cfg, shared_vocab)
     copies = 2 + OUTER_STATE_COPIES[cfg.outer_optimizer]  # θ, its mean, the outer state
     need = FLOAT32 * copies * (body + embedding)
     if need > memory:

@@ -254,9 +254,7 @@ class SourceClient:
             **{k: p[: self._shared_rows()] for k, p in embeddings.items()},
         }
         delta = {name: arrays[name].float() - local[name].detach().cpu() for name in arrays}
-        biggest = max(float(v.abs().max()) for v in arrays.values())
-        limit = max_round_update(self.cfg, global_step, biggest)  # what the server allows
-        payload, residual = self._payload(delta, state, limit)
+        payload, residual = self._payload(delta, state, arrays, global_step)
         self.ws.save_state(
             server_round,
             SourceState(
@@ -272,14 +270,21 @@ class SourceClient:
         return RoundResult(delta, payload, stats, event)
 
     def _payload(
-        self, delta: dict[str, torch.Tensor], state: SourceState | None, limit: float
+        self,
+        delta: dict[str, torch.Tensor],
+        state: SourceState | None,
+        arrays: dict[str, torch.Tensor],
+        global_step: int,
     ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
         """(what travels for ``delta``, what it loses and the next round adds back). The
         residual is saved with the round's state, so a re-run round sends the same bytes;
-        no value sent exceeds ``limit``, the server's reach for the round."""
+        no value sent exceeds the server's reach for the round (computed, like the server
+        does, from the largest weight it sent: ``arrays``)."""
         kind = self.cfg.compression
         if kind == "none" or not self.cfg.compression_error_feedback:
             return encode(delta, kind), {}
+        biggest = max(float(v.abs().max()) for v in arrays.values())
+        limit = max_round_update(self.cfg, global_step, biggest)
         residual = state.residual if state is not None else {}
         return compress_with_feedback(delta, residual, kind, limit)
 

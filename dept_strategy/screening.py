@@ -112,10 +112,7 @@ def screen(
     if previous is None and len(stats) < 3:  # a median of two is either reply: no reference
         factor = 0
     extra = [previous] if previous is not None else []
-    medians = {
-        f.name: lower_median([getattr(s, f.name) for s in [*stats, *extra]])
-        for f in fields(UpdateStats)
-    }
+    medians = _medians([*stats, *extra]).as_dict()
     flagged = {}
     for i, s in enumerate(stats):
         why = _too_large(s, medians, reach, factor)
@@ -151,8 +148,10 @@ def _shrink(s: UpdateStats, medians: dict[str, float], reach: float) -> float:
 
 def median_stats(stats: list[UpdateStats]) -> UpdateStats | None:
     """The per-figure lower median of the accepted updates: the next round's reference."""
-    if not stats:
-        return None
+    return _medians(stats) if stats else None
+
+
+def _medians(stats: list[UpdateStats]) -> UpdateStats:
     return UpdateStats(
         **{f.name: lower_median([getattr(s, f.name) for s in stats]) for f in fields(UpdateStats)}
     )

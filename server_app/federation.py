@@ -151,13 +151,16 @@ def shared_vocab_size(cfg: DeptConfig) -> int:
 
 def initial_tensors(cfg: DeptConfig) -> tuple[dict[str, torch.Tensor], tuple[str, ...]]:
     """What the server holds and shares: θ, plus the global φ for GLOB and TRIM (its names)."""
-    shares_embeddings = shared_vocab_size(cfg) > 0
-    vocab = cfg.global_vocab_size if shares_embeddings else INITIAL_BODY_VOCAB
+    shared_vocab = shared_vocab_size(cfg)
     model = build_model(
-        cfg.model, vocab, cfg.seq_len, tie_embeddings=cfg.tie_embeddings, seed=cfg.seed
+        cfg.model,
+        shared_vocab or INITIAL_BODY_VOCAB,
+        cfg.seq_len,
+        tie_embeddings=cfg.tie_embeddings,
+        seed=cfg.seed,
     )
     tensors = body_state(model)
-    if not shares_embeddings:
+    if not shared_vocab:
         return tensors, ()
     embeddings = {n: p.detach().clone() for n, p in embedding_parameters(model).items()}
     return {**tensors, **embeddings}, tuple(embeddings)
