@@ -53,14 +53,14 @@ from benchmarks.measure import (
     write_outputs,
 )
 from benchmarks.timed_grid import TimedGrid
+from dept import keys
 from dept.config import load_config
 from dept.data import StreamPosition, training_batches
+from dept.sharing import initial_tensors
 from dept.source_client import SourceClient
 from dept.sources import run_sources
 from dept.train import make_inner_optimizer, next_token_loss
 from dept.workspace import Workspace
-from dept_strategy import keys
-from server_app.federation import initial_tensors
 from server_app.launch import _superlink_running, build_command, stop_local_superlink
 
 PROJECT = Path(__file__).resolve().parents[1]

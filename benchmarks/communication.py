@@ -43,8 +43,9 @@ from benchmarks.measure import (
 )
 from benchmarks.timed_grid import timed_federation
 from dept.config import DeptConfig, load_config
-from dept.model import PRESETS
-from server_app.federation import initial_tensors
+from dept.model import model_width
+from dept.sharing import initial_tensors
+from dept.variants import variant
 
 TARGET = 1.02
 FLOAT32 = 4
@@ -72,12 +73,12 @@ def theory(cfg: DeptConfig, compression: str, shared_rows: int) -> tuple[int, in
     """(down, up) bytes per client of the tensors a variant shares; ``shared_rows``: the φ
     rows it sends (TRIM: |V_k|; GLOB: the whole vocabulary)."""
     tensors, embedding_names = initial_tensors(cfg)
-    width = PRESETS[cfg.model].hidden_size
+    width = model_width(cfg.model)
     sizes = [t.numel() for n, t in tensors.items() if n not in embedding_names]
     sizes += [shared_rows * width] * len(embedding_names)
     down = sum(sizes) * FLOAT32
     up = sum(coded_bytes(n, compression) for n in sizes)
-    if cfg.variant == "trim":
+    if variant(cfg.variant).embeddings == "rows":
         up += shared_rows * FLOAT32  # the rows' int32 ids
     return down, up
 
@@ -91,11 +92,13 @@ def measure(run_config: dict[str, Any], ddp_steps: int) -> dict[str, Any]:
     train_up = sum(s["bytes_up"] for s in first["sources"].values())
     trains = [d for d in grid.deliveries if d.message_type == "train"]
     clients = len(trains)
-    width = PRESETS[cfg.model].hidden_size
+    width = model_width(cfg.model)
     factor = 1 if cfg.tie_embeddings else 2
     rows = [s["embedding_params"] // (width * factor) for s in summary["sources"].values()]
-    shared = {"glob": cfg.global_vocab_size, "trim": sum(rows) / len(rows) - 1}  # "other" row
-    down, up = theory(cfg, cfg_compression(cfg), int(shared.get(cfg.variant, 0)))
+    shared = {"all": cfg.global_vocab_size, "rows": sum(rows) / len(rows) - 1}  # "other" row
+    down, up = theory(
+        cfg, cfg_compression(cfg), int(shared.get(variant(cfg.variant).embeddings, 0))
+    )
     emb = sum(s["embedding_params"] for s in summary["sources"].values()) / clients
     ddp = 2 * (summary["body_params"] + emb) * FLOAT32 * ddp_steps
     comm = summary["comm"]
@@ -123,18 +126,18 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
     rows = []
-    for variant in args.variants:
+    for name in args.variants:
         for compression in args.compressions:
             extra = {"compression": compression} if compression != "none" else {}
             run_config = corpora_run_config(
                 args.sources.split(","),
                 args.work,
                 model=args.model,
-                variant=variant,
+                variant=name,
                 num_server_rounds=1,
                 local_steps=args.local_steps,
                 eval_bytes=4096,
-                output_dir=str(args.work / f"{variant}-{compression}"),
+                output_dir=str(args.work / f"{name}-{compression}"),
                 **extra,
             )
             rows.append(measure(run_config, args.ddp_steps))

@@ -32,7 +32,7 @@ import torch
 
 from benchmarks.measure import print_table, result_header, write_outputs
 from dept.config import load_config
-from dept.model import PRESETS, build_model
+from dept.model import build_config, build_model
 from dept.train import autocast, make_inner_optimizer, next_token_loss, resolve_device
 
 PEAK_BF16_TFLOPS = {"H100": 989.0, "H200": 989.0, "GH200": 989.0, "A100": 312.0}
@@ -47,8 +47,8 @@ def peak_tflops(device: torch.device, given: float | None) -> float | None:
 
 
 def flops_per_token(params: int, preset: str, seq_len: int) -> float:
-    spec = PRESETS[preset]
-    return 6.0 * params + 12.0 * spec.num_layers * spec.hidden_size * seq_len
+    config = build_config(preset, 512, seq_len, True)
+    return 6.0 * params + 12.0 * config.num_hidden_layers * config.hidden_size * seq_len
 
 
 def attention_kernel(device: torch.device) -> contextlib.AbstractContextManager:
@@ -159,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="125m", choices=sorted(PRESETS))
+    parser.add_argument("--model", default="125m", help="<family>:<size> (dept models)")
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--seq-len", type=int, default=1024)
     parser.add_argument("--vocab-size", type=int, default=32768)

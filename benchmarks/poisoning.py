@@ -47,9 +47,9 @@ from flwr.app import Array, Context, Message, MessageType
 
 from benchmarks.compare import federate_in_process, in_process_grid
 from benchmarks.measure import common_arguments, print_table, result_header, write_outputs
+from dept import keys
 from dept.compression import SCALE_SUFFIX
 from dept.config import DeptConfig, load_config, resolve_path, to_run_config
-from dept_strategy import keys
 
 Tamper = Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]  # payload -> what is sent
 GROSS = ("x1e3", "x1e6", "to-max", "saturated", "int8-scale", "fp16-max")  # caught every round

@@ -43,7 +43,7 @@ from benchmarks.measure import (
     write_outputs,
 )
 from benchmarks.timed_grid import timed_federation
-from dept_strategy import keys
+from dept import keys
 
 TARGET = 0.10
 DEFAULT_SOURCES = "en-shakespeare,de-novels,ru-chekhov"

@@ -42,7 +42,7 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, Re
 from flwr.supercore.task_identity import TaskIdentity
 
 from benchmarks.measure import print_table, result_header, write_outputs
-from dept_strategy import keys
+from dept import keys
 from dept_strategy.inflight import Target
 from dept_strategy.outer import OuterOptimizer
 from dept_strategy.strategy import DeptStrategy

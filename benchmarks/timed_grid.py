@@ -17,7 +17,7 @@ from flwr.app import Message
 from flwr.common.serde import message_to_proto
 
 from benchmarks.compare import federate_in_process, in_process_grid
-from dept_strategy import keys
+from dept import keys
 from server_app.local_grid import LocalGrid
 
 

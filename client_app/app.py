@@ -32,11 +32,11 @@ from flwr.clientapp import ClientApp
 from flwr.common.constant import ErrorCode
 
 from client_app.node import node_setup, served_sources
+from dept import keys
 from dept.config import load_config
 from dept.logs import route_to
 from dept.source_client import SourceClient
 from dept.workspace import Attempt, Workspace
-from dept_strategy import keys
 
 log = logging.getLogger(__name__)
 RUN_ID_PATTERN = re.compile(r"[A-Za-z0-9_-]{1,64}")
@@ -97,7 +97,7 @@ def query(msg: Message, context: Context) -> Message:
             client = _client(msg, context)
             ids = client.shared_ids
             if ids is None:
-                raise ValueError(f"variant {client.cfg.variant!r} shares no embedding rows")
+                raise ValueError(f"variant {client.variant.name!r} shares no embedding rows")
             info = ConfigRecord({keys.SOURCE: client.spec.name})
             arrays = ArrayRecord({keys.EMBEDDING_IDS: Array(ids.astype(np.int32))})
             return RecordDict({keys.ARRAYS: arrays, keys.INFO: info})

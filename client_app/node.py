@@ -18,6 +18,7 @@ from typing import Any
 
 from dept.config import ConfigError, DeptConfig, resolve_path
 from dept.sources import SourceSpec, check_source_paths, parse_source, run_sources
+from dept.variants import variant
 from dept.workspace import default_state_root
 
 NODE_ONLY_KEYS = ("state-dir", "global-tokenizer")
@@ -43,7 +44,7 @@ def served_sources(
             if k not in NODE_ONLY_KEYS and k not in SIMULATION_KEYS
         }
         spec = parse_source(entry, Path.cwd())
-        if cfg.variant != "spec-opt" and not node_config.get("global-tokenizer"):
+        if not variant(cfg.variant).own_tokenizer and not node_config.get("global-tokenizer"):
             raise ConfigError(
                 f"variant {cfg.variant!r} needs the run's shared global tokenizer on every node: "
                 'start the SuperNode with --node-config "... global-tokenizer=/path/tokenizer.json"'

@@ -22,7 +22,9 @@ from dataclasses import dataclass
 import torch
 
 from dept.config import ConfigError, DeptConfig, snake
+from dept.outer_optimizers import OUTER_OPTIMIZERS
 from dept.sources import SourceSpec
+from dept.variants import variant
 from dept.vocab import MIN_VOCAB_SIZE
 
 FLOAT32 = 4
@@ -30,7 +32,6 @@ ADAMW_BYTES_PER_PARAM = 16  # weight, gradient and two moments, float32
 # Optimistic peaks, so the time estimate stays a lower bound on any such device.
 PEAK_FLOPS_PER_CPU_THREAD = 2.5e11  # AVX-512, 2 FMA units, 4 GHz
 PEAK_FLOPS = {"cuda": 2.5e15, "mps": 5e13}  # no GPU of today is faster in dense bf16
-OUTER_STATE_COPIES = {"fedavg": 1, "nesterov": 2, "fedadam": 3}  # grad (+ momentum, + v)
 
 
 @dataclass(frozen=True)
@@ -65,9 +66,9 @@ def body_params(preset: str) -> int:
 
 def head_params(cfg: DeptConfig, vocab_size: int) -> int:
     """One (V, d) embedding matrix: the output head's matmul, every token."""
-    from dept.model import PRESETS
+    from dept.model import model_width
 
-    return vocab_size * PRESETS[cfg.model].hidden_size
+    return vocab_size * model_width(cfg.model)
 
 
 def embedding_params(cfg: DeptConfig, vocab_size: int) -> int:
@@ -76,7 +77,7 @@ def embedding_params(cfg: DeptConfig, vocab_size: int) -> int:
 
 def vocab_key(cfg: DeptConfig, spec: SourceSpec) -> str:
     """Where a source's embedding rows come from, to name in an error."""
-    if cfg.variant == "spec-opt":
+    if variant(cfg.variant).own_tokenizer:
         return f"source '{spec.name}' key 'vocab-size'"
     return "config key 'global-vocab-size'"
 
@@ -86,7 +87,7 @@ def check_source_fits(cfg: DeptConfig, spec: SourceSpec, device: Device) -> None
     the source can end with: the global φ's for GLOB (it embeds all of them), the smallest
     vocabulary otherwise (a SPEC-OPT tokenizer, or a SPEC/TRIM V_k, may be far smaller than
     asked). The exact check follows once the source knows its rows."""
-    rows = cfg.global_vocab_size if cfg.variant == "glob" else MIN_VOCAB_SIZE
+    rows = cfg.global_vocab_size if variant(cfg.variant).embeddings == "all" else MIN_VOCAB_SIZE
     check_client_fits(cfg, rows, vocab_key(cfg, spec), device)
 
 
@@ -149,7 +150,7 @@ def check_server_fits(cfg: DeptConfig, shared_vocab: int, memory: float) -> None
     optimizer state and a round's mean (``shared_vocab``: rows of the global φ, 0 if none)."""
     body = body_params(cfg.model)
     embedding = embedding_params(cfg, shared_vocab)
-    copies = 2 + OUTER_STATE_COPIES[cfg.outer_optimizer]  # θ, its mean, the outer state
+    copies = 2 + OUTER_OPTIMIZERS[cfg.outer_optimizer].state_copies  # θ, its mean, the outer state
     need = FLOAT32 * copies * (body + embedding)
     if need > memory:
         key = "global-vocab-size" if embedding > body else "model"

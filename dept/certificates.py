@@ -69,7 +69,7 @@ def _certificate(
     issuer_key: ec.EllipticCurvePrivateKey,
     extensions: list[tuple[x509.ExtensionType, bool]],
 ) -> x509.Certificate:
-    now = dt.datetime.now(dt.timezone.utc)
+    now = dt.datetime.now(dt.UTC)
     builder = (
         x509.CertificateBuilder()
         .subject_name(subject)

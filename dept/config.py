@@ -20,16 +20,9 @@ import yaml
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-VARIANTS = ("glob", "trim", "spec", "spec-opt")
-OUTER_OPTIMIZERS = ("fedavg", "nesterov", "fedadam")
-# An outer step beyond these overshoots what the clients agreed on: the body is wrecked, not
-# trained (FedAvg is 1, DiLoCo's Nesterov 0.7; FedAdam moves each weight by about its lr).
-OUTER_LR_CAPS = {"fedavg": 2.0, "nesterov": 2.0, "fedadam": 1.0}
-OUTER_LR_WHY = {
-    "fedavg": "a step past twice the clients' mean update moves the body away from all of them",
-    "nesterov": "with momentum the step grows further still (DiLoCo uses 0.7)",
-    "fedadam": "Adam moves every weight by about outer-lr per round (use 1e-3 to 1e-1)",
-}
+from dept.outer_optimizers import OUTER_OPTIMIZERS, OuterName
+from dept.variants import VariantName
+
 DEVICES = ("auto", "cpu", "cuda", "mps")
 COMPRESSIONS = ("none", "fp16", "int8")  # of the pseudo-gradients sent up (dept.compression)
 AGGREGATIONS = ("mean", "trimmed-mean", "median")  # how a round's updates are combined
@@ -57,7 +50,7 @@ def snake(key: str) -> str:
 class DeptConfig:
     """Every run config key of the app. Field docstrings live in README's config table."""
 
-    variant: str = "spec-opt"
+    variant: VariantName = "spec-opt"
     model: str = "tiny"
     tie_embeddings: bool = True
     num_server_rounds: int = 3
@@ -71,7 +64,7 @@ class DeptConfig:
     weight_decay: float = 0.1
     grad_clip: float = 1.0
     keep_inner_optimizer: bool = True
-    outer_optimizer: str = "fedavg"
+    outer_optimizer: OuterName = "fedavg"
     outer_lr: float = 1.0
     outer_momentum: float = 0.9
     compression: str = "none"
@@ -99,11 +92,7 @@ class DeptConfig:
     resume: bool = False
 
     def __post_init__(self) -> None:
-        from dept.model import PRESETS  # late import: model pulls in torch
-
-        _check_choice("variant", self.variant, VARIANTS)
-        _check_choice("model", self.model, tuple(PRESETS))
-        _check_choice("outer-optimizer", self.outer_optimizer, OUTER_OPTIMIZERS)
+        self._check_model()
         _check_choice("device", self.device, DEVICES)
         _check_choice("compression", self.compression, COMPRESSIONS)
         _check_choice("aggregation", self.aggregation, AGGREGATIONS)
@@ -137,9 +126,10 @@ class DeptConfig:
             f"({self.warmup_steps}) must be smaller than num-server-rounds x local-steps "
             f"({self.total_steps}), or the learning rate never decays",
         )
+        outer = OUTER_OPTIMIZERS[self.outer_optimizer]
         _check(
             "outer_momentum",
-            self.outer_optimizer == "fedavg" or self.outer_momentum > 0,
+            not outer.uses_momentum or self.outer_momentum > 0,
             f"must be > 0 with outer-optimizer {self.outer_optimizer!r}",
         )
         _check("lr", self.lr > 0, "must be > 0")
@@ -164,14 +154,21 @@ class DeptConfig:
             300 <= self.global_vocab_size <= MAX_VOCAB_SIZE,
             f"must be in [300, {MAX_VOCAB_SIZE:,}]",
         )
-        outer_lr_cap = OUTER_LR_CAPS[self.outer_optimizer]
         _check(
             "outer_lr",
-            self.outer_lr <= outer_lr_cap,
-            f"({self.outer_lr:g}) must be <= {outer_lr_cap:g} with outer-optimizer "
-            f"{self.outer_optimizer!r}: {OUTER_LR_WHY[self.outer_optimizer]}",
+            self.outer_lr <= outer.lr_cap,
+            f"({self.outer_lr:g}) must be <= {outer.lr_cap:g} with outer-optimizer "
+            f"{self.outer_optimizer!r}: {outer.why_cap}",
         )
         _check("output_dir", bool(self.output_dir.strip()), "must not be empty")
+
+    def _check_model(self) -> None:
+        from dept.model import build_config  # late import: model pulls in torch
+
+        try:
+            build_config(self.model, 512, self.seq_len, self.tie_embeddings)
+        except ValueError as exc:
+            raise ConfigError(f"config key 'model': {exc}") from exc
 
     @property
     def total_steps(self) -> int:

@@ -27,9 +27,17 @@ from safetensors.torch import load_file
 from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerFast
 
 from dept.config import ConfigError, DeptConfig, load_config, resolve_path
-from dept.model import body_state, build_model, embedding_parameters, load_body
+from dept.model import (
+    body_parameters,
+    build_model,
+    embedding_parameters,
+    family_of,
+    load_tensors,
+    position_parameters,
+)
 from dept.source_client import SourceClient
 from dept.sources import load_sources, run_sources
+from dept.variants import VARIANTS, variant
 from dept.vocab import check_fits, load_tokenizer
 from dept.workspace import Workspace, default_state_root, global_tokenizer
 
@@ -86,7 +94,7 @@ def export_source(
         run.cfg, spec, Workspace(root, run.run_id, spec.name), specs, global_tokenizer_file
     )
     state = client.state(before_round=run.cfg.num_server_rounds + 1).state
-    if state is None and run.cfg.variant != "glob":
+    if state is None and client.variant.keeps_embeddings:
         raise ConfigError(
             f"source {source!r} has no trained state under {client.ws.dir}: it never trained "
             "in this run, or 'state-dir' points elsewhere (pass --state-dir)"
@@ -111,9 +119,10 @@ def export_global(
 ) -> Path:
     """Write the GLOB/TRIM global model (θ, the server's φ, the global tokenizer) to ``out``."""
     run = load_run(run_dir)
-    if not run.embeddings:
+    if not variant(run.cfg.variant).shares_embeddings:
+        with_global = " and ".join(v.name for v in VARIANTS.values() if v.shares_embeddings)
         raise ConfigError(
-            f"variant {run.cfg.variant!r} has no global embeddings: only glob and trim runs "
+            f"variant {run.cfg.variant!r} has no global embeddings: only {with_global} runs "
             "have a global model; export a source instead (--source NAME)"
         )
     root = state_dir or _state_root(run.cfg)
@@ -123,7 +132,7 @@ def export_global(
     tokenizer = load_tokenizer(path)
     check_fits(tokenizer, path, run.cfg.global_vocab_size)
     model = _fresh(run.cfg, run.cfg.global_vocab_size)
-    load_body(model, run.body)
+    load_tensors(_not_embeddings(model), run.body, "the run's body")  # θ, and the shared ψ
     with torch.no_grad():
         for name, param in embedding_parameters(model).items():
             param.copy_(run.embeddings[name])
@@ -143,6 +152,11 @@ def _fresh(cfg: DeptConfig, vocab_size: int) -> PreTrainedModel:
     )
 
 
+def _not_embeddings(model: PreTrainedModel) -> dict[str, torch.nn.Parameter]:
+    """θ and ψ: what does not depend on the vocabulary."""
+    return {**body_parameters(model), **position_parameters(model)}
+
+
 def _on_tokenizer_ids(
     local: PreTrainedModel, client: SourceClient, cfg: DeptConfig
 ) -> tuple[PreTrainedModel, list[int]]:
@@ -153,7 +167,7 @@ def _on_tokenizer_ids(
         return local, unused
     size = len(client.tokenizer)
     model = _fresh(cfg, size)
-    load_body(model, body_state(local))
+    load_tensors(_not_embeddings(model), _not_embeddings(local), "body")
     rows = vmap.to_local(np.arange(size))
     with torch.no_grad():
         for name, param in embedding_parameters(model).items():
@@ -190,8 +204,9 @@ def _save(
     bpb = quality.get("val_bpb", quality.get("avg_val_bpb"))
     (out / "README.md").write_text(
         f"# DEPT {cfg.variant}: {what}\n\n"
-        f"Llama-style `{cfg.model}` model trained with DEPT on Flower ({cfg.num_server_rounds} "
-        f"rounds x {cfg.local_steps} local steps, context {cfg.seq_len} tokens).\n"
+        f"{family_of(model).name} `{cfg.model}` model trained with DEPT on Flower "
+        f"({cfg.num_server_rounds} rounds x {cfg.local_steps} local steps, "
+        f"context {cfg.seq_len} tokens).\n"
         + (f"Validation bits per byte at the end of training: {bpb:.4f}.\n" if bpb else "")
         + (
             f"{len(suppressed)} token ids this model never learnt to tell apart are "

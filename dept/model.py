@@ -1,77 +1,271 @@
-"""Llama-style causal LMs built from presets, and the split into body (θ) and embeddings (φ).
+"""Decoder LMs from a registry of model families, and their split into body θ, φ and ψ.
 
-The body is every parameter except the input embedding and, when untied, the output
-embedding (found through the HF accessors, not by name), so its names and shapes do not
-depend on the vocabulary: that is what lets clients with different vocabularies share it.
+A run's ``model`` key names ``<family>:<size>`` (``llama:tiny``, ``gpt2:debug``; a bare size
+means Llama) or a Hugging Face ``config.json`` of a family below. The body θ is every
+parameter but the token embeddings φ (input, and output when untied; found through the HF
+accessors, not by name) and the learned position embeddings ψ (GPT-2's ``wpe``; RoPE models
+have none), so θ's names and shapes do not depend on the vocabulary: that is what lets
+sources with different vocabularies share it. What of φ and ψ is shared is the variant's
+(:mod:`dept.sharing`).
+
+Initialisation is the same for every family and independent of the vocabulary: θ is drawn
+from the run seed in name order (matrices N(0, 0.02), biases 0, norm scales 1; a family may
+scale its residual projections by 1/sqrt(2 · layers), as GPT-2 does), then ψ (N(0, 0.02)).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import cast
+import functools
+import json
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, cast
 
 import torch
 from torch import nn
-from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedModel
+from transformers import (
+    GPT2Config,
+    GPT2LMHeadModel,
+    LlamaConfig,
+    LlamaForCausalLM,
+    PretrainedConfig,
+    PreTrainedModel,
+)
+
+INIT_STD = 0.02
+DEFAULT_FAMILY = "llama"  # what a bare size (``tiny``) means
+# config.json keys that describe a checkpoint, not an architecture: the run sets its own.
+NOT_ARCHITECTURE = {
+    "architectures",
+    "transformers_version",
+    "torch_dtype",
+    "dtype",
+    "model_type",
+    "vocab_size",
+    "tie_word_embeddings",
+    "bos_token_id",
+    "eos_token_id",
+    "pad_token_id",
+    "initializer_range",
+}
 
 
 @dataclass(frozen=True)
-class ModelPreset:
-    """Size of a Llama-style decoder (vocabulary size comes from the source's tokenizer)."""
+class Size:
+    """Dimensions of one preset (the vocabulary comes from the source's tokenizer)."""
 
     hidden_size: int
     num_layers: int
     num_heads: int
-    intermediate_size: int
+    intermediate_size: int  # Llama's SwiGLU width; GPT-2 uses 4 x hidden_size
     num_kv_heads: int | None = None
 
 
-PRESETS: dict[str, ModelPreset] = {
-    "debug": ModelPreset(hidden_size=64, num_layers=2, num_heads=4, intermediate_size=128),
-    "tiny": ModelPreset(hidden_size=128, num_layers=4, num_heads=4, intermediate_size=352),
-    "small": ModelPreset(hidden_size=256, num_layers=6, num_heads=8, intermediate_size=688),
-    "125m": ModelPreset(hidden_size=768, num_layers=12, num_heads=12, intermediate_size=2048),
+SIZES: dict[str, Size] = {
+    "debug": Size(hidden_size=64, num_layers=2, num_heads=4, intermediate_size=128),
+    "tiny": Size(hidden_size=128, num_layers=4, num_heads=4, intermediate_size=352),
+    "small": Size(hidden_size=256, num_layers=6, num_heads=8, intermediate_size=688),
+    "125m": Size(hidden_size=768, num_layers=12, num_heads=12, intermediate_size=2048),
 }
 
-INIT_STD = 0.02
+
+def _llama(size: Size) -> dict[str, Any]:
+    return {
+        "hidden_size": size.hidden_size,
+        "intermediate_size": size.intermediate_size,
+        "num_hidden_layers": size.num_layers,
+        "num_attention_heads": size.num_heads,
+        "num_key_value_heads": size.num_kv_heads or size.num_heads,
+    }
+
+
+def _gpt2(size: Size) -> dict[str, Any]:
+    return {"n_embd": size.hidden_size, "n_layer": size.num_layers, "n_head": size.num_heads}
+
+
+@dataclass(frozen=True)
+class Family:
+    """One decoder architecture: its HF classes, its presets and where ψ lives."""
+
+    name: str
+    model_type: str  # the HF config's ``model_type``: how a config.json names the family
+    config_class: type[PretrainedConfig]
+    model_class: type[PreTrainedModel]
+    size_settings: Callable[[Size], dict[str, Any]]  # HF config kwargs of a preset
+    max_positions_key: str  # the HF config key of the context length
+    positions: str | None = None  # the module holding ψ (learned positions); None: RoPE
+    # Matrices writing into the residual stream, drawn with std / sqrt(2 x layers). Llama
+    # keeps the plain init its results were measured with.
+    residual_projections: tuple[str, ...] = ()
+    fixed: Mapping[str, Any] = field(default_factory=dict)  # kwargs of every model of it
+    sizes: Mapping[str, Size] = field(default_factory=lambda: SIZES)
+
+
+FAMILIES: dict[str, Family] = {
+    f.name: f
+    for f in (
+        Family(
+            "llama",
+            "llama",
+            LlamaConfig,
+            LlamaForCausalLM,
+            _llama,
+            "max_position_embeddings",
+        ),
+        Family(
+            "gpt2",
+            "gpt2",
+            GPT2Config,
+            GPT2LMHeadModel,
+            _gpt2,
+            "n_positions",
+            positions="transformer.wpe",
+            residual_projections=("attn.c_proj.weight", "mlp.c_proj.weight"),
+            # Pre-training sees each token about once: dropout only slows it (nanoGPT's 0).
+            fixed={"resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0},
+        ),
+    )
+}
+
+
+@dataclass(frozen=True)
+class ModelChoice:
+    """What a ``model`` value names: a family and its architecture settings."""
+
+    family: Family
+    settings: Mapping[str, Any]  # HF config kwargs, before vocabulary, context and tying
+    from_file: bool  # a config.json keeps its own context length; a preset takes seq-len
+
+
+@functools.cache
+def model_choice(name: str) -> ModelChoice:
+    """Parse a ``model`` value; ``ValueError`` names what is wrong with it."""
+    if name.endswith(".json") or "/" in name:
+        return _from_config_file(name)
+    family_name, _, size = name.rpartition(":")
+    family = FAMILIES.get(family_name or DEFAULT_FAMILY)
+    if family is None:
+        raise ValueError(
+            f"{name!r} names no model family (known: {', '.join(FAMILIES)}; "
+            "write <family>:<size>, a size, or a path to a config.json)"
+        )
+    if size not in family.sizes:
+        raise ValueError(
+            f"{name!r}: family {family.name} has no size {size!r} "
+            f"(sizes: {', '.join(family.sizes)})"
+        )
+    return ModelChoice(family, family.size_settings(family.sizes[size]), from_file=False)
+
+
+def _from_config_file(name: str) -> ModelChoice:
+    from dept.config import resolve_path  # late import: the config imports this module late
+
+    path = resolve_path(name)
+    if path.is_dir():
+        path = path / "config.json"
+    if not path.is_file():
+        raise ValueError(f"{name!r}: no such Hugging Face config file ({path})")
+    try:
+        settings = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"{path} is not a readable JSON config: {exc}") from exc
+    model_type = settings.get("model_type") if isinstance(settings, dict) else None
+    family = next((f for f in FAMILIES.values() if f.model_type == model_type), None)
+    if family is None:
+        supported = ", ".join(f.model_type for f in FAMILIES.values())
+        raise ValueError(f"{path}: model_type {model_type!r} is not supported ({supported})")
+    kept = {k: v for k, v in settings.items() if k not in NOT_ARCHITECTURE}
+    return ModelChoice(family, kept, from_file=True)
+
+
+def build_config(name: str, vocab_size: int, max_seq_len: int, tie: bool) -> PretrainedConfig:
+    """The HF config of ``name`` for a vocabulary and a context (``ValueError`` if the
+    config file's context is shorter than ``max_seq_len``)."""
+    choice = model_choice(name)
+    family = choice.family
+    settings: dict[str, Any] = {
+        **family.fixed,
+        **choice.settings,
+        "vocab_size": vocab_size,
+        "tie_word_embeddings": tie,
+        "initializer_range": INIT_STD,
+        "pad_token_id": None,
+        "bos_token_id": None,
+        "eos_token_id": None,
+        "attn_implementation": "sdpa",
+    }
+    if not choice.from_file:
+        settings[family.max_positions_key] = max_seq_len
+    config = family.config_class(**settings)
+    context = getattr(config, family.max_positions_key)
+    if context < max_seq_len:
+        raise ValueError(
+            f"model {name!r} holds {context} positions ({family.max_positions_key}), fewer "
+            f"than seq-len {max_seq_len}"
+        )
+    return config
+
+
+def family_of(model: PreTrainedModel) -> Family:
+    return next(f for f in FAMILIES.values() if f.model_type == model.config.model_type)
 
 
 def build_model(
-    preset: str,
+    name: str,
     vocab_size: int,
     max_seq_len: int,
     *,
     tie_embeddings: bool = True,
     seed: int = 0,
 ) -> PreTrainedModel:
-    """A freshly initialised model; the same ``seed`` gives the same body for any vocabulary."""
-    spec = PRESETS[preset]
-    config = LlamaConfig(
-        vocab_size=vocab_size,
-        hidden_size=spec.hidden_size,
-        intermediate_size=spec.intermediate_size,
-        num_hidden_layers=spec.num_layers,
-        num_attention_heads=spec.num_heads,
-        num_key_value_heads=spec.num_kv_heads or spec.num_heads,
-        max_position_embeddings=max_seq_len,
-        tie_word_embeddings=tie_embeddings,
-        initializer_range=INIT_STD,
-        pad_token_id=None,
-        bos_token_id=None,
-        eos_token_id=None,
-        attn_implementation="sdpa",  # type: ignore[call-arg]  # consumed by PretrainedConfig
-    )
+    """A freshly initialised model; the same ``seed`` gives the same θ for any vocabulary."""
+    config = build_config(name, vocab_size, max_seq_len, tie_embeddings)
+    family = model_choice(name).family
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = LlamaForCausalLM(config)
-        # Re-draw the body from its own seed so it is independent of the vocabulary size.
-        torch.manual_seed(seed)
-        for _, param in sorted(body_parameters(model).items()):
-            if param.dim() >= 2:
-                nn.init.normal_(param, mean=0.0, std=INIT_STD)
-            else:
-                nn.init.ones_(param)
+        model = family.model_class(config)
+        torch.manual_seed(seed)  # θ from its own seed, whatever the vocabulary drew
+        _initialise(model, family, config.num_hidden_layers)
     return model
+
+
+def _initialise(model: PreTrainedModel, family: Family, num_layers: int) -> None:
+    norms = {
+        id(p)
+        for m in model.modules()
+        if isinstance(m, nn.LayerNorm) or type(m).__name__.endswith("RMSNorm")
+        for p in m.parameters(recurse=False)
+    }
+    residual_std = INIT_STD / math.sqrt(2 * num_layers)
+    with torch.no_grad():
+        for name, param in sorted(body_parameters(model).items()):
+            if name.endswith("bias"):
+                nn.init.zeros_(param)
+            elif id(param) in norms:
+                nn.init.ones_(param)
+            elif param.dim() >= 2:
+                residual = name.endswith(family.residual_projections)
+                nn.init.normal_(param, mean=0.0, std=residual_std if residual else INIT_STD)
+            else:
+                raise ValueError(f"{family.name}: no initialisation rule for {name}")
+        for param in position_parameters(model).values():
+            nn.init.normal_(param, mean=0.0, std=INIT_STD)
+
+
+def model_width(name: str) -> int:
+    """Hidden size C of ``name``: the width of every φ and ψ row."""
+    choice = model_choice(name)
+    return int(choice.family.config_class(**choice.settings).hidden_size)
+
+
+def position_count(name: str, max_seq_len: int) -> int:
+    """ψ's parameters (0 for a model without learned positions)."""
+    choice = model_choice(name)
+    if choice.family.positions is None:
+        return 0
+    config = build_config(name, 512, max_seq_len, True)
+    return int(getattr(config, choice.family.max_positions_key)) * model_width(name)
 
 
 def embedding_modules(model: PreTrainedModel) -> list[nn.Module]:
@@ -83,21 +277,26 @@ def embedding_modules(model: PreTrainedModel) -> list[nn.Module]:
     return modules
 
 
-def _embedding_param_ids(model: PreTrainedModel) -> set[int]:
-    return {id(p) for m in embedding_modules(model) for p in m.parameters()}
-
-
-def body_parameters(model: PreTrainedModel) -> dict[str, nn.Parameter]:
-    """θ: every parameter that is not a token embedding, by its stable name."""
-    skip = _embedding_param_ids(model)
-    return {n: p for n, p in model.named_parameters() if id(p) not in skip}
-
-
 def embedding_parameters(model: PreTrainedModel) -> dict[str, nn.Parameter]:
     """φ: ``input`` (and ``output`` when untied) embedding matrices, each (V, C)."""
     modules = embedding_modules(model)
     names = ["input", "output"]
     return {names[i]: cast(nn.Parameter, m.weight) for i, m in enumerate(modules)}
+
+
+def position_parameters(model: PreTrainedModel) -> dict[str, nn.Parameter]:
+    """ψ: ``positions``, the learned absolute position embedding (T, C), where there is one."""
+    where = family_of(model).positions
+    if where is None:
+        return {}
+    return {"positions": cast(nn.Parameter, model.get_submodule(where).weight)}
+
+
+def body_parameters(model: PreTrainedModel) -> dict[str, nn.Parameter]:
+    """θ: every parameter that is neither a token (φ) nor a position (ψ) embedding."""
+    skip = {id(p) for m in embedding_modules(model) for p in m.parameters()}
+    skip |= {id(p) for p in position_parameters(model).values()}
+    return {n: p for n, p in model.named_parameters() if id(p) not in skip}
 
 
 def body_state(model: PreTrainedModel) -> dict[str, torch.Tensor]:
@@ -107,22 +306,65 @@ def body_state(model: PreTrainedModel) -> dict[str, torch.Tensor]:
     }
 
 
-def load_body(model: PreTrainedModel, state: dict[str, torch.Tensor]) -> None:
-    """Copy θ into ``model``; names and shapes must match exactly."""
-    params = body_parameters(model)
+def load_tensors(
+    params: Mapping[str, nn.Parameter], state: Mapping[str, torch.Tensor], what: str
+) -> None:
+    """Copy ``state`` into ``params``; names and shapes must match exactly (``what`` names
+    the tensors in the error: ``body``, ``shared``, a source's saved embeddings)."""
     missing, extra = params.keys() - state.keys(), state.keys() - params.keys()
     if missing or extra:
         raise KeyError(
-            f"body keys differ: missing {sorted(missing)[:3]}, extra {sorted(extra)[:3]}"
+            f"{what} tensors differ: missing {sorted(missing)[:3]}, extra {sorted(extra)[:3]}"
         )
     with torch.no_grad():
         for name, param in params.items():
             if tuple(state[name].shape) != tuple(param.shape):
                 raise ValueError(
-                    f"body tensor {name}: shape {tuple(state[name].shape)} != {tuple(param.shape)}"
+                    f"{what} tensor {name}: shape {tuple(state[name].shape)} != "
+                    f"{tuple(param.shape)}"
                 )
             param.copy_(state[name])
 
 
-def count_params(tensors: dict[str, torch.Tensor] | dict[str, nn.Parameter]) -> int:
+def load_body(model: PreTrainedModel, state: Mapping[str, torch.Tensor]) -> None:
+    """Copy θ into ``model``."""
+    load_tensors(body_parameters(model), state, "body")
+
+
+def count_params(tensors: Mapping[str, torch.Tensor] | Mapping[str, nn.Parameter]) -> int:
     return sum(t.numel() for t in tensors.values())
+
+
+@dataclass(frozen=True)
+class CatalogueRow:
+    """One preset, as ``dept models`` lists it."""
+
+    model: str
+    layers: int
+    width: int
+    heads: int
+    body_params: int  # θ
+    position_params: int  # ψ at the given context (0: RoPE)
+    params_per_token: int  # φ per vocabulary row: C tied, 2C untied
+
+
+def catalogue(max_seq_len: int, tie: bool = True) -> list[CatalogueRow]:
+    """Every family's presets with their parameter counts (models built on the meta device)."""
+    rows = []
+    for family in FAMILIES.values():
+        for size, dims in family.sizes.items():
+            name = f"{family.name}:{size}"
+            with torch.device("meta"):
+                model = build_model(name, 512, max_seq_len, tie_embeddings=tie)
+            rows.append(
+                CatalogueRow(
+                    name,
+                    dims.num_layers,
+                    dims.hidden_size,
+                    dims.num_heads,
+                    count_params(body_parameters(model)),
+                    count_params(position_parameters(model)),
+                    dims.hidden_size * (1 if tie else 2),
+                )
+            )
+    return rows

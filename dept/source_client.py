@@ -5,13 +5,11 @@ embeddings, train N local steps on the source's stream from where the last round
 store what stays on the node, and return the pseudo-gradient of what is shared, encoded
 for the trip up (``compression``; with error feedback, what the last message lost is added).
 
-Where the embeddings come from, by variant:
-
-- SPEC-OPT, SPEC: φ_k is the source's own (own tokenizer, or the V_k rows of the global one
-  plus an "other" row), created on first participation and kept on the node.
-- TRIM: the V_k rows come from the server each round and their update goes back with the
-  ids; only the "other" row is the node's own.
-- GLOB: the whole global φ comes from the server and its whole update goes back.
+What comes from the server and what stays on the node is the variant's
+(:mod:`dept.variants`, :mod:`dept.sharing`): θ always travels; φ wholly (GLOB), by its V_k
+rows (TRIM, with their ids) or not at all (SPEC, SPEC-OPT: φ_k is created on first
+participation and kept); ψ, where the model has learned positions, travels for GLOB and
+TRIM and stays with the source for SPEC and SPEC-OPT.
 """
 
 from __future__ import annotations
@@ -36,7 +34,14 @@ from dept.data import (
     training_batches,
 )
 from dept.evaluate import EvalResult, evaluate_stream
-from dept.model import PRESETS, body_state, build_model, embedding_parameters, load_body
+from dept.model import (
+    build_model,
+    embedding_parameters,
+    load_tensors,
+    model_width,
+    position_count,
+)
+from dept.sharing import own_parameters, shared_parameters, shared_state
 from dept.sources import SourceSpec
 from dept.synthetic import oracle_bpb
 from dept.train import (
@@ -46,6 +51,7 @@ from dept.train import (
     resolve_device,
     train_local,
 )
+from dept.variants import variant
 from dept.vocab import (
     VocabMap,
     check_fits,
@@ -90,11 +96,12 @@ class SourceClient:
         global_tokenizer_file: Path | None = None,
     ) -> None:
         self.cfg, self.spec, self.ws = cfg, spec, workspace
+        self.variant = variant(cfg.variant)
         self.device = resolve_device(cfg.device)
         device = Device.here(self.device.type)
         check_source_fits(cfg, spec, device)  # before any real work
         text = load_source_text(spec, workspace.cache, cfg.seed)
-        if cfg.variant == "spec-opt":
+        if self.variant.own_tokenizer:
             tok_path = own_tokenizer(spec, text, workspace.cache, cfg.seed)
         else:
             tok_path = global_tokenizer_file or global_tokenizer(
@@ -102,13 +109,13 @@ class SourceClient:
             )
         self.tokenizer = load_tokenizer(tok_path)
         self.tokenizer_digest = tokenizer_digest(tok_path)
-        if cfg.variant in ("glob", "trim"):  # its ids index the server's global φ
+        if self.variant.shares_embeddings:  # its ids index the server's global φ
             check_fits(self.tokenizer, tok_path, cfg.global_vocab_size)
         self.tokens: TokenizedSource = tokenize_source(
             text, self.tokenizer, self.tokenizer_digest, workspace.cache / "tokens" / spec.name
         )
         self.token_bytes = token_byte_lengths(self.tokenizer)
-        self.vocab_map = self._vocab_map() if cfg.variant in ("spec", "trim") else None
+        self.vocab_map = self._vocab_map() if self.variant.local_rows else None
         check_client_fits(cfg, self.vocab_size, vocab_key(cfg, spec), device)  # exact rows
         self.oracle_bpb = oracle_bpb(text.folder) if text.folder else None
 
@@ -122,25 +129,26 @@ class SourceClient:
     @property
     def vocab_size(self) -> int:
         """Rows of this source's embedding matrix (|V_k| + 1 for SPEC and TRIM)."""
-        if self.cfg.variant == "glob":
+        if self.variant.embeddings == "all":
             return self.cfg.global_vocab_size
         return self.vocab_map.local_vocab_size if self.vocab_map else len(self.tokenizer)
 
     @property
     def shared_ids(self) -> np.ndarray | None:
         """TRIM: the global φ rows this source holds (V_k, sorted); None for other variants."""
-        return self.vocab_map.kept_ids if self.cfg.variant == "trim" and self.vocab_map else None
+        rows = self.variant.embeddings == "rows"
+        return self.vocab_map.kept_ids if rows and self.vocab_map else None
 
     def _shared_rows(self) -> int:
         """How many leading rows of this source's φ come from (and go back to) the server."""
-        if self.cfg.variant == "glob":
+        if self.variant.embeddings == "all":
             return self.vocab_size
         ids = self.shared_ids
         return len(ids) if ids is not None else 0
 
     def model(self, arrays: dict[str, torch.Tensor], state: SourceState | None) -> PreTrainedModel:
-        """θ (and shared φ rows) from the server plus this node's own φ rows from ``state``
-        (freshly initialised, seeded by source name, before its first round)."""
+        """θ (and ψ, φ rows where shared) from the server plus this node's own φ_k and ψ_k
+        from ``state`` (freshly initialised, seeded by source name, before its first round)."""
         model = build_model(
             self.cfg.model,
             self.vocab_size,
@@ -149,18 +157,20 @@ class SourceClient:
             seed=self.cfg.seed,
         )
         embeddings = embedding_parameters(model)
-        load_body(model, {k: v for k, v in arrays.items() if k not in embeddings})
-        own: dict[str, torch.Tensor] = {}
-        if self.cfg.variant != "glob":
-            own = state.embeddings if state is not None else self._initial_embeddings(embeddings)
+        whole = {
+            k: p for k, p in shared_parameters(model, self.variant).items() if k not in embeddings
+        }
+        load_tensors(whole, {k: v for k, v in arrays.items() if k not in embeddings}, "shared")
+        kept = own_parameters(model, self.variant)
+        if kept:
+            own = state.embeddings if state is not None else self._initial_embeddings(kept)
+            load_tensors(kept, own, f"source {self.spec.name!r}'s saved")
             # In the node's log: did a returning node find its embeddings?
             origin = f"from the state of round {state.server_round}" if state else "fresh"
             log.info("%s: embeddings %s (%s)", self.spec.name, origin, self.ws.dir)
         shared = self._shared_rows()
         with torch.no_grad():
             for name, param in embeddings.items():
-                if name in own:
-                    param.copy_(own[name])
                 if shared:
                     param[:shared].copy_(arrays[name])
         return cast(PreTrainedModel, model.to(self.device))  # type: ignore[arg-type]
@@ -182,7 +192,7 @@ class SourceClient:
         incomplete): embeddings but for GLOB, optimizer moments and the compression
         residual where the run keeps them."""
         cfg = self.cfg
-        files = [EMBEDDINGS_FILE] if cfg.variant != "glob" else []
+        files = [EMBEDDINGS_FILE] if self.variant.keeps_embeddings else []
         files += [OPTIMIZER_FILE] if cfg.keep_inner_optimizer else []
         feedback = cfg.compression != "none" and cfg.compression_error_feedback
         return (*files, *([RESIDUAL_FILE] if feedback else []))
@@ -193,7 +203,7 @@ class SourceClient:
         none). A lost or damaged state is never silent: the source starts fresh, or from an
         older round, and says so."""
         state, why = found.state, "; ".join(found.unusable)
-        what = "embeddings" if self.cfg.variant != "glob" else "optimizer state and position"
+        what = "embeddings" if self.variant.keeps_embeddings else "optimizer state and position"
         if state is None and (last_trained >= 0 or why):
             event = f"fresh {what} in round {server_round}: state lost ({why or 'no saved state'})"
         elif state is not None and state.server_round < last_trained:
@@ -206,16 +216,17 @@ class SourceClient:
         log.warning("%s: %s (%s)", self.spec.name, event, self.ws.dir)
         return event
 
-    def _initial_embeddings(
-        self, embeddings: dict[str, torch.nn.Parameter]
-    ) -> dict[str, torch.Tensor]:
-        shapes = {k: tuple(p.shape) for k, p in embeddings.items()}
+    def _initial_embeddings(self, own: dict[str, torch.nn.Parameter]) -> dict[str, torch.Tensor]:
+        shapes = {k: tuple(p.shape) for k, p in own.items()}
         return init_embeddings(shapes, self.cfg.seed, self.spec.name)  # type: ignore[arg-type]
 
     def embedding_params(self) -> int:
-        """Embedding parameters this source trains with (its memory for φ)."""
-        width = PRESETS[self.cfg.model].hidden_size
-        return self.vocab_size * width * (1 if self.cfg.tie_embeddings else 2)
+        """Embedding parameters that live with this source: its φ rows, and ψ_k where its
+        learned positions stay home (shared positions count with the body)."""
+        width = model_width(self.cfg.model)
+        phi = self.vocab_size * width * (1 if self.cfg.tie_embeddings else 2)
+        own_positions = not self.variant.shares_positions
+        return phi + (position_count(self.cfg.model, self.cfg.seq_len) if own_positions else 0)
 
     def train_round(
         self,
@@ -248,18 +259,14 @@ class SourceClient:
             start_step=global_step,
             desc=f"round {server_round} {self.spec.name}",
         )
-        embeddings = embedding_parameters(model)
-        local = {
-            **body_state(model),
-            **{k: p[: self._shared_rows()] for k, p in embeddings.items()},
-        }
-        delta = {name: arrays[name].float() - local[name].detach().cpu() for name in arrays}
+        local = shared_state(model, self.variant, self._shared_rows())
+        delta = {name: arrays[name].float() - local[name] for name in arrays}
         payload, residual = self._payload(delta, state, arrays, global_step)
         self.ws.save_state(
             server_round,
             SourceState(
                 server_round,
-                dict(embeddings) if self.cfg.variant != "glob" else {},
+                dict(own_parameters(model, self.variant)),
                 optimizer.state_dict() if self.cfg.keep_inner_optimizer else None,
                 position,
                 self.tokenizer_digest,

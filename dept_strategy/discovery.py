@@ -23,7 +23,7 @@ from collections.abc import Callable
 from flwr.app import ConfigRecord, Message, MessageType, RecordDict
 from flwr.serverapp import Grid
 
-from dept_strategy import keys
+from dept import keys
 from dept_strategy.identity import fingerprint, node_keys
 from dept_strategy.inflight import InFlight, Target
 from dept_strategy.validation import last_line

@@ -14,7 +14,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from dept_strategy import keys
+from dept import keys
 
 FLOAT32_BYTES = 4
 

@@ -1,10 +1,8 @@
 """The outer optimizer: the server's step on the shared parameters, given the averaged update.
 
 Δ = Σ w_k (θ_global − θ_k) plays the role of a gradient: ``p.grad = Δ`` then ``step()``.
-FedAvg is SGD with lr 1 and no momentum (θ ← Σ w_k θ_k, what the DEPT paper reports);
-Nesterov is SGD with Nesterov momentum as in DiLoCo; FedAdam is Adam on Δ (Reddi et al.,
-β2 = 0.99 and an ε of 1e-3, which keeps the step bounded where Δ is tiny). A ``torch.optim``
-optimizer gives all three and a state_dict to checkpoint.
+Which optimizers exist, and their settings, is :mod:`dept.outer_optimizers`; a ``torch.optim``
+optimizer gives each a state_dict to checkpoint.
 """
 
 from __future__ import annotations
@@ -13,9 +11,7 @@ from typing import Any
 
 import torch
 
-OUTER_KINDS = ("fedavg", "nesterov", "fedadam")
-FEDADAM_BETA2 = 0.99
-FEDADAM_EPS = 1e-3
+from dept.outer_optimizers import OUTER_OPTIMIZERS
 
 
 class OuterOptimizer:
@@ -24,8 +20,10 @@ class OuterOptimizer:
     def __init__(
         self, params: dict[str, torch.Tensor], *, kind: str, lr: float = 1.0, momentum: float = 0.9
     ) -> None:
-        if kind not in OUTER_KINDS:
-            raise ValueError(f"unknown outer optimizer {kind!r}; expected one of {OUTER_KINDS}")
+        if kind not in OUTER_OPTIMIZERS:
+            raise ValueError(
+                f"unknown outer optimizer {kind!r}; expected one of {', '.join(OUTER_OPTIMIZERS)}"
+            )
         if lr <= 0:
             raise ValueError(f"outer learning rate must be > 0, got {lr}")
         self.kind = kind
@@ -35,16 +33,11 @@ class OuterOptimizer:
             )
             for name, t in params.items()
         }
-        values = list(self.params.values())
-        self.optimizer: torch.optim.Optimizer
-        if kind == "fedavg":
-            self.optimizer = torch.optim.SGD(values, lr=lr)
-        elif kind == "nesterov":
-            self.optimizer = torch.optim.SGD(values, lr=lr, momentum=momentum, nesterov=True)
-        else:
-            self.optimizer = torch.optim.Adam(
-                values, lr=lr, betas=(momentum, FEDADAM_BETA2), eps=FEDADAM_EPS
-            )
+        rule = OUTER_OPTIMIZERS[kind]
+        optimizer_class = getattr(torch.optim, rule.torch_class)
+        self.optimizer: torch.optim.Optimizer = optimizer_class(
+            list(self.params.values()), **rule.settings(lr, momentum)
+        )
 
     def step(
         self, delta: dict[str, torch.Tensor], frozen_rows: dict[str, torch.Tensor] | None = None

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 from flwr.app import Message, RecordDict
 
-from dept_strategy import keys
+from dept import keys
 from dept_strategy.aggregate import RoundSpool, Spooled
 from dept_strategy.history import RunHistory
 from dept_strategy.inflight import InFlight, Target

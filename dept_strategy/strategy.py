@@ -41,8 +41,8 @@ from flwr.app import (
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
+from dept import keys
 from dept.config import COMPRESSIONS
-from dept_strategy import keys
 from dept_strategy.aggregate import RoundSpool
 from dept_strategy.discovery import SourceDirectory
 from dept_strategy.history import RunHistory

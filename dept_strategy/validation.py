@@ -11,8 +11,8 @@ import numpy as np
 import torch
 from flwr.app import ArrayRecord, MetricRecord, RecordDict
 
+from dept import keys
 from dept.compression import CompressionError, decode, payload_keys
-from dept_strategy import keys
 
 
 class RejectedReply(ValueError):

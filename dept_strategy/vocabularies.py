@@ -15,7 +15,7 @@ import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, RecordDict
 from flwr.serverapp import Grid
 
-from dept_strategy import keys
+from dept import keys
 from dept_strategy.inflight import InFlight, Target
 from dept_strategy.validation import RejectedReply, check_vocabulary, reply_source
 

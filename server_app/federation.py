@@ -18,16 +18,16 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import torch
 from flwr.app import ArrayRecord, ConfigRecord
 from flwr.serverapp import Grid
 
 from dept.budget import Device, check_server_fits
 from dept.config import ConfigError, DeptConfig, load_config, resolve_path, to_run_config
 from dept.lock import exclusive_folder
-from dept.model import body_state, build_model, embedding_parameters
+from dept.sharing import initial_tensors, shared_vocab_size
 from dept.sources import run_sources
 from dept.train import max_round_update
+from dept.variants import variant
 from dept_strategy.identity import load_source_keys
 from dept_strategy.outer import OuterOptimizer
 from dept_strategy.screening import Defences
@@ -37,7 +37,6 @@ from server_app.checkpoint import CHECKPOINTS, Checkpoint, load_latest, save_che
 from server_app.report import RunReport
 
 log = logging.getLogger(__name__)
-INITIAL_BODY_VOCAB = 512  # the body does not depend on it; any size builds the same θ
 SPOOL_DIR = ".spool"  # a round's replies wait here until the round is combined
 # Keys that may change between an interrupted run and its resumption: they do not change
 # what is computed, only how long to wait and where.
@@ -144,28 +143,6 @@ def _check_same_run(cfg: DeptConfig, saved: Mapping[str, Any]) -> None:
         )
 
 
-def shared_vocab_size(cfg: DeptConfig) -> int:
-    """Rows of the global φ the server holds and shares (GLOB, TRIM); 0 for none."""
-    return cfg.global_vocab_size if cfg.variant in ("glob", "trim") else 0
-
-
-def initial_tensors(cfg: DeptConfig) -> tuple[dict[str, torch.Tensor], tuple[str, ...]]:
-    """What the server holds and shares: θ, plus the global φ for GLOB and TRIM (its names)."""
-    shared_vocab = shared_vocab_size(cfg)
-    model = build_model(
-        cfg.model,
-        shared_vocab or INITIAL_BODY_VOCAB,
-        cfg.seq_len,
-        tie_embeddings=cfg.tie_embeddings,
-        seed=cfg.seed,
-    )
-    tensors = body_state(model)
-    if not shared_vocab:
-        return tensors, ()
-    embeddings = {n: p.detach().clone() for n, p in embedding_parameters(model).items()}
-    return {**tensors, **embeddings}, tuple(embeddings)
-
-
 def _build_strategy(cfg: DeptConfig, run_id: str) -> DeptStrategy:
     tensors, embedding_names = initial_tensors(cfg)
     outer = OuterOptimizer(
@@ -182,7 +159,7 @@ def _build_strategy(cfg: DeptConfig, run_id: str) -> DeptStrategy:
     return DeptStrategy(
         outer=outer,
         embedding_names=embedding_names,
-        trim=cfg.variant == "trim",
+        trim=variant(cfg.variant).embeddings == "rows",
         compression=cfg.compression,
         spool_dir=resolve_path(cfg.output_dir) / SPOOL_DIR,
         defences=defences,

@@ -19,20 +19,20 @@ import signal
 import subprocess
 import sys
 import time
+import tomllib
 from pathlib import Path
 from typing import Any
 
 import click
 import httpx
-import tomllib
 from flwr.common.config import parse_config_args
 
 from dept.budget import Device, check_server_fits, check_source_fits
 from dept.config import ConfigError, DeptConfig, load_config, resolve_path
 from dept.lock import check_folder_free
+from dept.sharing import shared_vocab_size
 from dept.sources import SourceSpec, run_sources
 from dept.train import resolve_device
-from server_app.federation import shared_vocab_size
 
 PATH_KEYS = ("sources-file", "output-dir", "state-dir")
 LOCAL_SUPERLINK_HEALTH = "http://127.0.0.1:39091/health"

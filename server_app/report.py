@@ -22,8 +22,8 @@ from rich.console import Console
 from rich.table import Table
 from safetensors.torch import save_file
 
+from dept import keys
 from dept.config import DeptConfig, to_run_config
-from dept_strategy import keys
 from dept_strategy.history import RunHistory
 
 log = logging.getLogger(__name__)

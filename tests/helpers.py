@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 from flwr.app import ConfigRecord, Error, Message, RecordDict
 
+from dept import keys
 from dept.config import DeptConfig, to_run_config
-from dept_strategy import keys
 
 # ../shared/corpora beside the checkout; DEPT_CORPORA points elsewhere.
 CORPORA = Path(

@@ -5,7 +5,7 @@ from pathlib import Path
 
 from benchmarks.communication import coded_bytes, main, theory
 from dept.config import load_config
-from server_app.federation import initial_tensors
+from dept.sharing import initial_tensors
 from tests.helpers import corpus
 
 

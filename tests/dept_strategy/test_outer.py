@@ -4,7 +4,8 @@ import math
 import pytest
 import torch
 
-from dept_strategy.outer import FEDADAM_BETA2, FEDADAM_EPS, OuterOptimizer
+from dept.outer_optimizers import FEDADAM_BETA2, FEDADAM_EPS
+from dept_strategy.outer import OuterOptimizer
 
 
 def test_fedavg_step_is_the_weighted_mean_of_client_bodies() -> None:

@@ -8,8 +8,8 @@ import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, Error, Message, MetricRecord, RecordDict
 from flwr.supercore.task_identity import TaskIdentity
 
+from dept import keys
 from dept.compression import SCALE_SUFFIX, encode
-from dept_strategy import keys
 from dept_strategy.discovery import NotEnoughNodes
 from dept_strategy.inflight import Target
 from dept_strategy.outer import OuterOptimizer

@@ -13,8 +13,8 @@ from flwr.app import Message, MessageType
 from safetensors.torch import load_file
 
 from client_app.app import app as client_app
+from dept import keys
 from dept.config import ConfigError
-from dept_strategy import keys
 from server_app.checkpoint import CheckpointError, load_latest
 from server_app.federation import run_federation
 from server_app.local_grid import LocalGrid

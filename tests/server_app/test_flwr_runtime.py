@@ -11,7 +11,7 @@ import pytest
 
 from server_app.launch import _superlink_running, build_command, stop_local_superlink
 
-PROJECT = Path(__file__).resolve().parents[1]
+PROJECT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture

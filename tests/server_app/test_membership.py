@@ -15,7 +15,7 @@ import pytest
 from flwr.app import Message, MessageType
 
 from client_app.app import app as client_app
-from dept_strategy import keys
+from dept import keys
 from server_app.federation import run_federation
 from server_app.local_grid import LocalGrid
 from tests.helpers import debug_run_config

@@ -1,5 +1,7 @@
 """The message contract: record and metric names shared by the ServerApp and the ClientApp.
 
+It lives in the core so the client app depends on ``dept`` only, never on the server's package.
+
 One case style (Flower's kebab-case). Every reply of one kind carries the same records:
 ``arrays`` (train only), ``metrics`` and ``info``.
 """
@@ -47,25 +49,3 @@ VAL_BPB = "val-bpb"
 VAL_TOKENS = "val-tokens"
 VAL_BYTES = "val-bytes"
 ORACLE_BPB = "oracle-bpb"  # best achievable bits per byte where known, else -1
-
-TRAIN_METRICS = (
-    NUM_EXAMPLES,
-    TRAIN_LOSS,
-    TRAIN_FINAL_LOSS,
-    TRAIN_SECONDS,
-    TOKENS_PER_S,
-    LOCAL_STEPS,
-    BYTES_RECEIVED,
-    BYTES_SENT,
-    EMBEDDING_PARAMS,
-)
-EVAL_METRICS = (
-    NUM_EXAMPLES,
-    VAL_LOSS,
-    VAL_PPL,
-    VAL_BPB,
-    VAL_TOKENS,
-    VAL_BYTES,
-    EMBEDDING_PARAMS,
-    ORACLE_BPB,
-)

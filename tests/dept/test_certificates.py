@@ -15,7 +15,7 @@ from flwr.cli.supernode.register import try_load_public_key
 
 from dept.certificates import SECRET_FILE, main, make_certificates
 
-PROJECT = Path(__file__).resolve().parents[1]
+PROJECT = Path(__file__).resolve().parents[2]
 
 
 def test_server_certificate_is_signed_by_the_ca_for_every_name(tmp_path: Path) -> None:

@@ -1,0 +1,65 @@
+"""The DEPT variants as data: which tokenizer a source uses and what of its model it shares.
+
+DEPT (Iacob et al., ICLR 2025) splits a decoder into the body θ, the token embeddings φ and,
+for models with learned absolute positions, the positional embeddings ψ. The variants differ
+only in what of φ and ψ leaves a source's node:
+
+=========  ==============  =====================================  =====================
+variant    tokenizer       φ (token embeddings)                   ψ (positions)
+=========  ==============  =====================================  =====================
+GLOB       the run's one   the whole global φ, averaged           shared, averaged
+TRIM       the run's one   the source's V_k rows of the global φ  shared, averaged
+SPEC       the run's one   φ_k: its V_k rows + "other", kept      kept with the source
+SPEC-OPT   its own         φ_k: its own vocabulary, kept          kept with the source
+=========  ==============  =====================================  =====================
+
+Everything else asks :data:`VARIANTS`; nothing compares a variant's name. A new variant is one
+more row here (and its name in :data:`VariantName`), plus code only where it needs a behaviour
+no flag below describes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+VariantName = Literal["glob", "trim", "spec", "spec-opt"]
+Sharing = Literal["none", "rows", "all"]
+
+
+@dataclass(frozen=True)
+class Variant:
+    """What one variant does with the tokenizer, φ and ψ."""
+
+    name: str
+    own_tokenizer: bool  # each source trains its own tokenizer (else: the run's global one)
+    local_rows: bool  # φ_k holds only the rows of the source's vocabulary V_k, plus "other"
+    embeddings: Sharing  # φ to the server: none, the V_k rows of the global φ, or all of it
+    shares_positions: bool  # ψ (learned positions, where the model has them) is aggregated
+    summary: str
+
+    @property
+    def shares_embeddings(self) -> bool:
+        """The server holds a global φ (and so the run has a global model to export)."""
+        return self.embeddings != "none"
+
+    @property
+    def keeps_embeddings(self) -> bool:
+        """A source's node keeps φ_k (or part of it) between rounds in its state."""
+        return self.embeddings != "all"
+
+
+VARIANTS: dict[str, Variant] = {
+    v.name: v
+    for v in (
+        Variant("glob", False, False, "all", True, "FedAvg of the whole model, one vocabulary"),
+        Variant("trim", False, True, "rows", True, "the rows of the global φ a source uses"),
+        Variant("spec", False, True, "none", False, "per-source rows of a global vocabulary"),
+        Variant("spec-opt", True, False, "none", False, "per-source tokenizer and embeddings"),
+    )
+}
+
+
+def variant(name: str) -> Variant:
+    """The variant called ``name`` (a config key's value, checked by the schema)."""
+    return VARIANTS[name]
