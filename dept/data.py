@@ -42,26 +42,30 @@ class SourceText:
 
 def load_source_text(spec: SourceSpec, cache_dir: Path, seed: int) -> SourceText:
     """Read a source's train and validation documents, whatever form the source takes."""
-    if spec.kind == "builtin":
-        return _load_builtin(spec, cache_dir, seed)
-    if spec.kind == "dir":
-        files = {
-            "train": str(Path(spec.path) / "train.txt"),
-            "validation": str(Path(spec.path) / "val.txt"),
-        }
-        text = _load_files("text", files, spec)
-        train = _capped(text["train"], spec.max_train_bytes)
-        return SourceText(train, text["validation"], folder=Path(spec.path))
-    if spec.kind == "files":
-        suffix = Path(spec.path).suffix.lower()
-        if suffix not in BUILDER_BY_SUFFIX:
-            raise ValueError(
-                f"source {spec.name!r}: cannot read {spec.path} "
-                f"(supported: {', '.join(BUILDER_BY_SUFFIX)})"
-            )
-        table = _load_files(BUILDER_BY_SUFFIX[suffix], {"train": spec.path}, spec)["train"]
-        return _hold_out(table, spec, seed)
-    return _load_hub(spec, cache_dir, seed)
+    return LOADERS[spec.kind](spec, cache_dir, seed)
+
+
+def _load_dir(spec: SourceSpec, cache_dir: Path, seed: int) -> SourceText:
+    """A folder with ``train.txt`` and ``val.txt``."""
+    files = {
+        "train": str(Path(spec.path) / "train.txt"),
+        "validation": str(Path(spec.path) / "val.txt"),
+    }
+    text = _load_files("text", files, spec)
+    train = _capped(text["train"], spec.max_train_bytes)
+    return SourceText(train, text["validation"], folder=Path(spec.path))
+
+
+def _load_file_table(spec: SourceSpec, cache_dir: Path, seed: int) -> SourceText:
+    """Local text/JSON Lines/Parquet/CSV files (a glob), validation held out of them."""
+    suffix = Path(spec.path).suffix.lower()
+    if suffix not in BUILDER_BY_SUFFIX:
+        raise ValueError(
+            f"source {spec.name!r}: cannot read {spec.path} "
+            f"(supported: {', '.join(BUILDER_BY_SUFFIX)})"
+        )
+    table = _load_files(BUILDER_BY_SUFFIX[suffix], {"train": spec.path}, spec)["train"]
+    return _hold_out(table, spec, seed)
 
 
 def _load_files(builder: str, files: dict[str, str], spec: SourceSpec) -> datasets.DatasetDict:
@@ -243,6 +247,15 @@ class TokenizedSource:
 
     train: np.ndarray  # (N_train,) int32 token ids
     validation: np.ndarray  # (N_val,) int32 token ids
+
+
+# How each kind of source (:attr:`dept.sources.SourceSpec.kind`) is read.
+LOADERS: dict[str, Callable[[SourceSpec, Path, int], SourceText]] = {
+    "hf": _load_hub,
+    "builtin": _load_builtin,
+    "dir": _load_dir,
+    "files": _load_file_table,
+}
 
 
 def tokenize_source(

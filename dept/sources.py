@@ -30,6 +30,9 @@ from dept.vocab import MIN_VOCAB_SIZE
 
 HF_PREFIX = "hf:"
 BUILTIN_PREFIX = "builtin:"
+# Kinds named by a path prefix; any other path is a local folder ("dir") or files ("files").
+PREFIXED_KINDS = {HF_PREFIX: "hf", BUILTIN_PREFIX: "builtin"}
+LOCAL_KINDS = ("dir", "files")  # on this machine: resolved against the sources file, checked early
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 SAMPLE_BY = ("line", "paragraph", "document")
 
@@ -69,12 +72,13 @@ class SourceSpec:
 
     @property
     def kind(self) -> str:
-        """``hf``, ``builtin``, ``dir`` or ``files``."""
-        if self.path.startswith(HF_PREFIX):
-            return "hf"
-        if self.path.startswith(BUILTIN_PREFIX):
-            return "builtin"
-        return "dir" if Path(self.path).is_dir() else "files"
+        """``hf``, ``builtin``, ``dir`` or ``files``: how :mod:`dept.data` reads it."""
+        prefixed = (kind for prefix, kind in PREFIXED_KINDS.items() if self.path.startswith(prefix))
+        return next(prefixed, "dir" if Path(self.path).is_dir() else "files")
+
+    @property
+    def is_local(self) -> bool:
+        return self.kind in LOCAL_KINDS
 
 
 DEFAULT_SOURCES: tuple[dict[str, Any], ...] = (
@@ -94,7 +98,7 @@ def parse_source(entry: dict[str, Any], base: Path) -> SourceSpec:
     """Validate one sources-file entry; local paths become absolute against ``base``."""
     where = f"source {entry.get('name', '?')!r}"
     spec = build_structured(SourceSpec, [entry], where=where)
-    if spec.kind in ("dir", "files"):
+    if spec.is_local:
         path = Path(spec.path).expanduser()
         spec.path = str(path if path.is_absolute() else (base / path).resolve())
     return spec
@@ -210,7 +214,7 @@ def check_source_paths(specs: list[SourceSpec]) -> None:
     in the same form, when the data is loaded (:mod:`dept.data`).
     """
     for spec in specs:
-        if spec.kind not in ("dir", "files"):
+        if not spec.is_local:
             continue
         for path in source_files(spec):
             problem = file_problem(path)

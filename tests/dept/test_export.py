@@ -20,7 +20,7 @@ from server_app.local_grid import LocalGrid
 from tests.helpers import debug_run_config
 
 
-def _finished_run(tmp_path: Path, variant: str) -> Path:
+def _finished_run(tmp_path: Path, variant: str, model: str = "debug") -> Path:
     sources = tmp_path / "sources.yaml"
     sources.write_text(
         "- {name: synth-latin, path: 'builtin:synthetic-latin', vocab-size: 400}\n"
@@ -29,6 +29,7 @@ def _finished_run(tmp_path: Path, variant: str) -> Path:
     config = debug_run_config(
         tmp_path,
         variant=variant,
+        model=model,
         **{"sources-file": str(sources), "num-server-rounds": 1, "global-vocab-size": 600},
     )
     nodes = [{"partition-id": i, "num-partitions": 2} for i in range(2)]
@@ -91,3 +92,25 @@ def test_export_errors_name_the_problem(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="only glob and trim"):
         export_global(run_dir, tmp_path / "out")
     assert isinstance(_generate(export_source(run_dir, "synth-latin", tmp_path / "l"), "a"), str)
+
+
+@pytest.mark.parametrize("variant", ["spec-opt", "glob"])
+def test_a_gpt2_source_exports_with_its_positions(tmp_path: Path, variant: str) -> None:
+    run_dir = _finished_run(tmp_path, variant, model="gpt2:debug")
+    out = export_source(run_dir, "synth-latin", tmp_path / "latin")
+
+    run = load_run(run_dir)
+    spec = next(s for s in run_sources(run.cfg) if s.name == "synth-latin")
+    client = SourceClient(
+        run.cfg, spec, Workspace(tmp_path / "state", run.run_id, spec.name), run_sources(run.cfg)
+    )
+    arrays = {**run.body, **run.embeddings}
+    local = client.model(arrays, client.ws.load_state(before_round=2).state).eval()
+    exported = AutoModelForCausalLM.from_pretrained(out).eval()
+    tokens = torch.from_numpy(client.tokens.validation[:32].astype(np.int64))[None]
+    with torch.no_grad():
+        assert torch.allclose(exported(tokens).logits, local(tokens).logits, atol=1e-5)
+    assert exported.config.model_type == "gpt2"
+    assert "gpt2" in (out / "README.md").read_text()
+    if variant == "glob":
+        assert isinstance(_generate(export_global(run_dir, tmp_path / "global"), "a"), str)

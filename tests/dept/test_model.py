@@ -1,24 +1,111 @@
+import json
+import math
+from pathlib import Path
+
 import pytest
 import torch
+from transformers import GPT2Config, LlamaConfig
 
+from dept.config import ConfigError, load_config
 from dept.model import (
+    FAMILIES,
     body_parameters,
     body_state,
     build_model,
+    catalogue,
     count_params,
     embedding_parameters,
     load_body,
+    model_choice,
+    position_count,
+    position_parameters,
 )
 
+MODELS = ["debug", "gpt2:debug"]
 
+
+@pytest.mark.parametrize("model", MODELS)
 @pytest.mark.parametrize("tie", [True, False])
-def test_body_is_identical_for_any_vocabulary(tie: bool) -> None:
-    small = body_state(build_model("debug", 300, 32, tie_embeddings=tie, seed=3))
-    large = body_state(build_model("debug", 5000, 32, tie_embeddings=tie, seed=3))
+def test_body_is_identical_for_any_vocabulary(model: str, tie: bool) -> None:
+    small = body_state(build_model(model, 300, 32, tie_embeddings=tie, seed=3))
+    large = body_state(build_model(model, 5000, 32, tie_embeddings=tie, seed=3))
     assert small.keys() == large.keys()
     for name in small:
         assert torch.equal(small[name], large[name]), name
-    assert not any("embed" in n or "lm_head" in n for n in small)
+    assert not any(part in n for n in small for part in ("embed", "lm_head", "wte", "wpe"))
+
+
+@pytest.mark.parametrize("model", MODELS)
+@pytest.mark.parametrize("tie", [True, False])
+def test_body_tokens_and_positions_partition_the_model(model: str, tie: bool) -> None:
+    built = build_model(model, 300, 32, tie_embeddings=tie)
+    parts = [body_parameters(built), embedding_parameters(built), position_parameters(built)]
+    assert sum(count_params(p) for p in parts) == sum(p.numel() for p in built.parameters())
+    assert count_params(parts[2]) == position_count(model, 32)
+
+
+def test_gpt2_learns_its_positions_and_llama_rotates() -> None:
+    gpt2 = position_parameters(build_model("gpt2:debug", 300, 48))
+    assert list(gpt2) == ["positions"] and gpt2["positions"].shape == (48, 64)
+    assert position_parameters(build_model("llama:debug", 300, 48)) == {}
+
+
+def test_initialisation_zeroes_biases_sets_norms_to_one_and_scales_residuals() -> None:
+    params = dict(build_model("gpt2:small", 300, 64, seed=1).named_parameters())
+    biases = [p for n, p in params.items() if n.endswith("bias")]
+    assert biases and all(torch.count_nonzero(p) == 0 for p in biases)
+    norms = [p for n, p in params.items() if ".ln_" in n and n.endswith("weight")]
+    assert norms and all(torch.all(p == 1) for p in norms)
+    plain = params["transformer.h.0.attn.c_attn.weight"].std().item()
+    scaled = params["transformer.h.0.mlp.c_proj.weight"].std().item()
+    assert plain == pytest.approx(0.02, rel=0.05)
+    assert scaled == pytest.approx(0.02 / math.sqrt(2 * 6), rel=0.05)
+
+
+def test_a_bare_size_means_llama_and_names_are_checked() -> None:
+    assert model_choice("tiny").family is FAMILIES["llama"]
+    assert model_choice("gpt2:tiny").family is FAMILIES["gpt2"]
+    with pytest.raises(ConfigError, match="'bert:tiny' names no model family"):
+        load_config({"model": "bert:tiny"})
+    with pytest.raises(ConfigError, match="family gpt2 has no size 'huge'"):
+        load_config({"model": "gpt2:huge"})
+
+
+def test_a_hugging_face_config_file_names_a_model(tmp_path: Path) -> None:
+    gpt2 = GPT2Config(n_embd=48, n_layer=3, n_head=4, n_positions=256, vocab_size=50257)
+    gpt2.save_pretrained(tmp_path / "gpt2")
+    llama = LlamaConfig(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=32000,
+    )
+    (tmp_path / "llama.json").write_text(llama.to_json_string())
+
+    from_dir = build_model(str(tmp_path / "gpt2"), 300, 128)
+    from_file = build_model(str(tmp_path / "llama.json"), 300, 128)
+
+    assert from_dir.config.n_layer == 3 and from_dir.config.vocab_size == 300
+    assert position_parameters(from_dir)["positions"].shape == (256, 48)  # the file's context
+    assert from_file.config.num_key_value_heads == 2
+    with pytest.raises(ConfigError, match=r"holds 256 positions .* fewer than seq-len 512"):
+        load_config({"model": str(tmp_path / "gpt2"), "seq-len": 512})
+    (tmp_path / "bert.json").write_text(json.dumps({"model_type": "bert"}))
+    with pytest.raises(ConfigError, match="model_type 'bert' is not supported"):
+        load_config({"model": str(tmp_path / "bert.json")})
+    with pytest.raises(ConfigError, match="no such Hugging Face config file"):
+        load_config({"model": str(tmp_path / "missing.json")})
+
+
+def test_the_catalogue_counts_what_a_built_model_has() -> None:
+    rows = {row.model: row for row in catalogue(64)}
+    assert {"llama:tiny", "gpt2:125m"} <= rows.keys()
+    built = build_model("gpt2:debug", 300, 64)
+    assert rows["gpt2:debug"].body_params == count_params(body_parameters(built))
+    assert rows["gpt2:debug"].position_params == 64 * 64
+    assert rows["llama:debug"].position_params == 0
 
 
 def test_tied_and_untied_embeddings() -> None:
@@ -26,12 +113,6 @@ def test_tied_and_untied_embeddings() -> None:
     untied = embedding_parameters(build_model("debug", 300, 32, tie_embeddings=False))
     assert list(tied) == ["input"] and list(untied) == ["input", "output"]
     assert tied["input"].shape == (300, 64)
-
-
-def test_body_and_embeddings_partition_the_model() -> None:
-    model = build_model("debug", 300, 32, tie_embeddings=False)
-    total = sum(p.numel() for p in model.parameters())
-    assert count_params(body_parameters(model)) + count_params(embedding_parameters(model)) == total
 
 
 def test_load_body_checks_names_and_shapes() -> None:
