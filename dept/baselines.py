@@ -32,11 +32,14 @@ from dept.data import StreamPosition, load_source_text, tokenize_source, trainin
 from dept.evaluate import EvalResult, evaluate_stream
 from dept.model import (
     INIT_STD,
+    body_parameters,
     body_state,
     build_model,
     count_params,
     embedding_parameters,
-    load_body,
+    load_tensors,
+    position_parameters,
+    position_state,
 )
 from dept.sources import SourceSpec
 from dept.train import make_inner_optimizer, resolve_device, train_local
@@ -111,7 +114,7 @@ class BaselineRun:
     body_params: int
     tokens_trained: int = 0
     rounds: list[BaselineRound] = field(default_factory=list)
-    body: dict[str, torch.Tensor] = field(default_factory=dict)
+    body: dict[str, torch.Tensor] = field(default_factory=dict)  # θ, and ψ where learned
 
 
 @dataclass
@@ -157,7 +160,8 @@ def run_standard(
 
     ``sources_per_round`` is how many sources a federated round trains, so a step here
     takes ``sources_per_round × batch-size`` sequences: the federated runs' tokens per round.
-    CPT: ``body`` is a trained θ to start from (the embeddings are always fresh) and
+    CPT: ``body`` is a trained θ to start from (with ψ where the run shared it; the token
+    embeddings, and positions a run kept per source, are always fresh) and
     ``tokenizer_file`` the tokenizer to train them for (default: the global one).
     """
     data, token_bytes, rows = tokenized_sources(cfg, specs, state_root, tokenizer_file)
@@ -166,7 +170,8 @@ def run_standard(
         cfg.model, rows, cfg.seq_len, tie_embeddings=cfg.tie_embeddings, seed=cfg.seed
     )
     if body is not None:
-        load_body(model, body)
+        positions = {k: p for k, p in position_parameters(model).items() if k in body}
+        load_tensors({**body_parameters(model), **positions}, body, "the pre-trained body")
     model = model.to(device)  # type: ignore[arg-type]
     optimizer = make_inner_optimizer(model, cfg)
     name = name or ("ACT" if forget_every_round else f"STD τ={temperature:g}")
@@ -211,7 +216,7 @@ def run_standard(
             on_round(record)
         if forget_every_round and server_round < cfg.num_server_rounds:
             reset_embeddings(model, optimizer, forget)
-    run.body = body_state(model)
+    run.body = {**body_state(model), **position_state(model)}  # one model: ψ shared, like θ
     return run
 
 

@@ -301,9 +301,16 @@ def body_parameters(model: PreTrainedModel) -> dict[str, nn.Parameter]:
 
 def body_state(model: PreTrainedModel) -> dict[str, torch.Tensor]:
     """A detached float32 CPU copy of θ, the form it travels in."""
-    return {
-        n: p.detach().to("cpu", torch.float32).clone() for n, p in body_parameters(model).items()
-    }
+    return _copies(body_parameters(model))
+
+
+def position_state(model: PreTrainedModel) -> dict[str, torch.Tensor]:
+    """The same of ψ (empty for a model without learned positions)."""
+    return _copies(position_parameters(model))
+
+
+def _copies(params: Mapping[str, nn.Parameter]) -> dict[str, torch.Tensor]:
+    return {n: p.detach().to("cpu", torch.float32).clone() for n, p in params.items()}
 
 
 def load_tensors(

@@ -20,6 +20,7 @@ from dept.model import (
     build_model,
     embedding_parameters,
     position_parameters,
+    position_state,
 )
 from dept.variants import Variant, variant
 
@@ -73,7 +74,7 @@ def shared_state(model: PreTrainedModel, v: Variant, rows: int) -> dict[str, tor
     (all of them for GLOB, the V_k rows for TRIM), detached float32 copies on the CPU."""
     state = body_state(model)
     if v.shares_positions:
-        state |= {n: p.detach().cpu().float() for n, p in position_parameters(model).items()}
+        state |= position_state(model)
     if v.shares_embeddings:
         state |= {
             n: p[:rows].detach().cpu().float() for n, p in embedding_parameters(model).items()
