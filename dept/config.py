@@ -71,9 +71,9 @@ class DeptConfig:
     )
     model: str = doc(
         "tiny",
-        "family:size (families llama, gpt2; sizes debug, tiny, small, 125m: 82k, 0.8M, 4.7M, "
-        "85M body params as llama; a bare size means llama) or a Hugging Face config.json of "
-        "such a family",
+        "family:size (families llama, gpt2; sizes debug: 82k body params, tiny: 0.8M, small: "
+        "4.7M, 125m: 85M; a bare size means llama) or a Hugging Face config.json of such a "
+        "family",
     )
     tie_embeddings: bool = doc(True, "tie input and output embeddings (untied, φ holds both)")
     num_server_rounds: int = doc(3, "federated rounds; >= 1")
@@ -174,12 +174,12 @@ class DeptConfig:
     round_timeout_s: float = doc(
         3600.0,
         "seconds a round waits for replies; later ones are dropped and reported, and the round "
-        "aggregates what it got; > 0",
+        "aggregates what it got (a first round no source could train stops the run); > 0",
     )
     global_vocab_size: int = doc(
         4096,
         "size of the global tokenizer and rows of the global φ (spec, trim, glob, baselines); "
-        "in [300, 1,048,576], like a source's vocab-size",
+        "in [300, 1,048,576]",
     )
     eval_bytes: int = doc(
         65536,
