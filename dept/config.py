@@ -26,7 +26,7 @@ from dept.compression import CompressionName
 from dept.outer_optimizers import OUTER_OPTIMIZERS, OuterName
 from dept.variants import VariantName
 
-# Choices whose code lives in dept_strategy, which the core may not import.
+# Choices whose code imports this module (dept.train) or is not the core's (dept_strategy).
 AggregationName = Literal["mean", "trimmed-mean", "median"]  # how a round's updates combine
 OutlierAction = Literal["clip", "reject"]  # what becomes of an update too large to be honest
 DeviceName = Literal["auto", "cpu", "cuda", "mps"]  # dept.train.resolve_device picks one
