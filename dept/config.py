@@ -4,29 +4,36 @@ Flower hands the app a flat mapping with kebab-case keys (``local-steps``); the 
 snake_case form of the same names. Values come from, in order of precedence: ``--run-config``
 overrides, an optional YAML file, and the defaults in ``pyproject.toml`` (which mirror the
 defaults below). Any unknown key, wrong type or impossible value raises :class:`ConfigError`
-naming the key.
+naming the key. Each field carries a one-line doc, which ``dept-run --help`` and README's config
+table show (:func:`config_keys`).
 """
 
+# ruff: noqa: RUF009  (the schema's defaults are doc() calls: each returns a dataclasses.field)
 from __future__ import annotations
 
 import math
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar, get_args, get_origin, get_type_hints
 
 import yaml
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from dept.compression import CompressionName
 from dept.outer_optimizers import OUTER_OPTIMIZERS, OuterName
 from dept.variants import VariantName
 
-DEVICES = ("auto", "cpu", "cuda", "mps")
-COMPRESSIONS = ("none", "fp16", "int8")  # of the pseudo-gradients sent up (dept.compression)
-AGGREGATIONS = ("mean", "trimmed-mean", "median")  # how a round's updates are combined
-OUTLIER_ACTIONS = ("clip", "reject")  # what becomes of an update too large to be honest
+# Choices whose code imports this module (dept.train) or is not the core's (dept_strategy).
+AggregationName = Literal["mean", "trimmed-mean", "median"]  # how a round's updates combine
+OutlierAction = Literal["clip", "reject"]  # what becomes of an update too large to be honest
+DeviceName = Literal["auto", "cpu", "cuda", "mps"]  # dept.train.resolve_device picks one
+# Tuples for the code that checks a value outside the schema.
+COMPRESSIONS: tuple[CompressionName, ...] = get_args(CompressionName)
+AGGREGATIONS: tuple[AggregationName, ...] = get_args(AggregationName)
+OUTLIER_ACTIONS: tuple[OutlierAction, ...] = get_args(OutlierAction)
 BASE_DIR_ENV = "DEPT_HOME"
 MAX_VOCAB_SIZE = 1 << 20  # larger vocabularies are not trained here (a typo, not a plan)
 T = TypeVar("T")
@@ -46,57 +53,163 @@ def snake(key: str) -> str:
     return key.replace("-", "_")
 
 
+def doc(default: T, text: str) -> T:
+    """A schema field with its one-line doc, which ``dept-run --help`` and README show."""
+    return field(default=default, metadata={"doc": text})
+
+
 @dataclass
 class DeptConfig:
-    """Every run config key of the app. Field docstrings live in README's config table."""
+    """Every run config key of the app, with its default and doc (see :func:`config_keys`)."""
 
-    variant: VariantName = "spec-opt"
-    model: str = "tiny"
-    tie_embeddings: bool = True
-    num_server_rounds: int = 3
-    local_steps: int = 25
-    seq_len: int = 128
-    batch_size: int = 8
-    grad_accum_steps: int = 1
-    lr: float = 3e-3
-    min_lr_ratio: float = 0.1
-    warmup_steps: int = 10
-    weight_decay: float = 0.1
-    grad_clip: float = 1.0
-    keep_inner_optimizer: bool = True
-    outer_optimizer: OuterName = "fedavg"
-    outer_lr: float = 1.0
-    outer_momentum: float = 0.9
-    compression: str = "none"
-    compression_error_feedback: bool = True
-    aggregation: str = "mean"
-    outlier_action: str = "clip"
-    trim_fraction: float = 0.2
-    update_norm_factor: float = 10.0
-    fraction_train: float = 1.0
-    min_train_nodes: int = 1
-    min_train_replies: int = 1
-    fraction_evaluate: float = 1.0
-    min_available_nodes: int = 0
-    wait_for_nodes_s: float = 120.0
-    round_timeout_s: float = 3600.0
-    global_vocab_size: int = 4096
-    eval_bytes: int = 65536
-    eval_batch_size: int = 16
-    seed: int = 0
-    device: str = "auto"
-    sources_file: str = ""
-    source_keys_file: str = ""
-    output_dir: str = "outputs/dept"
-    state_dir: str = ""
-    resume: bool = False
+    variant: VariantName = doc(
+        "spec-opt",
+        "what leaves a source's node: spec-opt (own tokenizer per source; only θ travels), "
+        "spec (one global tokenizer, each source embeds only its V_k; only θ travels), "
+        "trim (θ and the source's V_k rows of the global φ, averaged row by row), "
+        "glob (the whole model: FedAvg on everything)",
+    )
+    model: str = doc(
+        "tiny",
+        "family:size (families llama, gpt2; sizes debug: 82k body params, tiny: 0.8M, small: "
+        "4.7M, 125m: 85M; a bare size means llama) or a Hugging Face config.json of such a "
+        "family",
+    )
+    tie_embeddings: bool = doc(True, "tie input and output embeddings (untied, φ holds both)")
+    num_server_rounds: int = doc(3, "federated rounds; >= 1")
+    local_steps: int = doc(25, "inner AdamW steps per source and round (N_local); >= 1")
+    seq_len: int = doc(128, "tokens per training sequence (a preset's context length); >= 1")
+    batch_size: int = doc(8, "sequences per micro-batch; >= 1")
+    grad_accum_steps: int = doc(
+        1, "micro-batches per inner step: tokens per step = seq-len x batch-size x this; >= 1"
+    )
+    lr: float = doc(
+        3e-3,
+        "peak inner learning rate of one warmup + cosine schedule over all rounds, driven by "
+        "the server's global step; > 0",
+    )
+    min_lr_ratio: float = doc(0.1, "the schedule ends at lr x this; in [0, 1]")
+    warmup_steps: int = doc(
+        10, "linear warmup steps of that schedule; >= 0 and < num-server-rounds x local-steps"
+    )
+    weight_decay: float = doc(0.1, "AdamW weight decay, on matrices only; >= 0")
+    grad_clip: float = doc(1.0, "max gradient norm of an inner step; 0 disables clipping")
+    keep_inner_optimizer: bool = doc(
+        True, "keep each source's AdamW moments across rounds (on the node's disk)"
+    )
+    outer_optimizer: OuterName = doc(
+        "fedavg",
+        "the server's step on the shared tensors, the averaged update as gradient: fedavg "
+        "(SGD; lr 1 is the mean of the clients' models), nesterov (SGD with Nesterov momentum; "
+        "DiLoCo: lr 0.7, momentum 0.9), fedadam (Adam: β1 outer-momentum, β2 0.99, ε 1e-3); "
+        "a φ row no sampled source holds (trim) does not move",
+    )
+    outer_lr: float = doc(
+        1.0,
+        "outer step size; > 0, at most 2 with fedavg and nesterov, 1 with fedadam (use 1e-3 to "
+        "1e-1): beyond, the step overshoots what the clients agreed on",
+    )
+    outer_momentum: float = doc(
+        0.9, "nesterov's momentum, fedadam's β1 (fedavg has none); in [0, 1), > 0 where used"
+    )
+    compression: CompressionName = doc(
+        "none",
+        "how each source sends its pseudo-gradient up: none (float32), fp16 (half the bytes), "
+        "int8 (int8 codes and one float32 scale per block of 256 values: about 3.9x fewer "
+        "bytes); θ always goes down as float32",
+    )
+    compression_error_feedback: bool = doc(
+        True,
+        "with fp16 or int8, a source adds what its last message lost to its next update (the "
+        "residual stays in its round state on the node)",
+    )
+    aggregation: AggregationName = doc(
+        "mean",
+        "how a round's updates are combined: mean (weighted by tokens), trimmed-mean (per "
+        "coordinate, the mean without the trim-fraction largest and smallest), median (per "
+        "coordinate); the robust rules count each source once and apply to θ and glob's φ; "
+        "trim's rows stay the row-wise mean",
+    )
+    outlier_action: OutlierAction = doc(
+        "clip",
+        "what becomes of a too-large update (update-norm-factor): clip scales it down to the "
+        "round's median size and keeps it, reject drops it; either way the log and "
+        "summary.json name its source",
+    )
+    trim_fraction: float = doc(
+        0.2,
+        "the share β trimmed-mean drops at each end: ceil(β·n) of n values, at most (n-1)/2; "
+        "in (0, 0.5)",
+    )
+    update_norm_factor: float = doc(
+        10.0,
+        "an update whose RMS or largest absolute value exceeds this many times the round's "
+        "median (the previous round's median votes too) is too large; 0 (off) or > 1; one "
+        "beyond what the round's AdamW steps can move a weight is too large regardless",
+    )
+    fraction_train: float = doc(
+        1.0, "share of the sources sampled (uniformly) to train each round; in (0, 1]"
+    )
+    min_train_nodes: int = doc(
+        1, "fewest sources sampled per round (at least 1, at most all); >= 0"
+    )
+    min_train_replies: int = doc(
+        1,
+        "fewest usable training replies for a round to change the model; below it the round "
+        "leaves θ as it was and says so; >= 1",
+    )
+    fraction_evaluate: float = doc(
+        1.0,
+        "share of the sources evaluated after each middle round (0: none); every source is "
+        "evaluated before training and after the last round; in [0, 1]",
+    )
+    min_available_nodes: int = doc(
+        0, "nodes to wait for before round 0 (0: any node serving a source); >= 0"
+    )
+    wait_for_nodes_s: float = doc(
+        120.0,
+        "seconds to wait for them, then fail saying how many were seen and why nodes could "
+        "not serve (sooner when every connected node failed and none joined for 10 s); > 0",
+    )
+    round_timeout_s: float = doc(
+        3600.0,
+        "seconds a round waits for replies; later ones are dropped and reported, and the round "
+        "aggregates what it got (a first round no source could train stops the run); > 0",
+    )
+    global_vocab_size: int = doc(
+        4096,
+        "size of the global tokenizer and rows of the global φ (spec, trim, glob, baselines); "
+        "in [300, 1,048,576]",
+    )
+    eval_bytes: int = doc(
+        65536,
+        "validation text scored per source, in UTF-8 bytes: the same text whatever the "
+        "tokenizer (0: all); >= 0",
+    )
+    eval_batch_size: int = doc(16, "sequences per evaluation batch; >= 1")
+    seed: int = doc(0, "seed of body init, embeddings, data order, sampling, synthetic data; >= 0")
+    device: DeviceName = doc(
+        "auto", "where sources train and evaluate: auto (CUDA, then MPS, then CPU), cpu, cuda, mps"
+    )
+    sources_file: str = doc("", "YAML file listing the sources (empty: the built-in default)")
+    source_keys_file: str = doc(
+        "",
+        "YAML mapping source names to OpenSSH public keys (or .pub files): only a node "
+        "authenticated with that key may serve the source (needs SuperNode authentication)",
+    )
+    output_dir: str = doc(
+        "outputs/dept",
+        "where the run writes metrics, summary, checkpoints, final weights, plot; not empty",
+    )
+    state_dir: str = doc(
+        "",
+        "node-local state root (empty: ~/.cache/dept): tokenizers, token caches, each "
+        "source's round state (embeddings, AdamW moments, compression residual)",
+    )
+    resume: bool = doc(False, "continue the run in output-dir after its newest good checkpoint")
 
     def __post_init__(self) -> None:
         self._check_model()
-        _check_choice("device", self.device, DEVICES)
-        _check_choice("compression", self.compression, COMPRESSIONS)
-        _check_choice("aggregation", self.aggregation, AGGREGATIONS)
-        _check_choice("outlier-action", self.outlier_action, OUTLIER_ACTIONS)
         for name in (
             "num_server_rounds",
             "local_steps",
@@ -115,11 +228,9 @@ class DeptConfig:
             "seed",
         ):
             _check(name, getattr(self, name) >= 0, "must be >= 0")
-        for field in fields(self):
-            value = getattr(self, field.name)
-            _check(
-                field.name, not isinstance(value, float) or math.isfinite(value), "must be finite"
-            )
+        for f in fields(self):
+            value = getattr(self, f.name)
+            _check(f.name, not isinstance(value, float) or math.isfinite(value), "must be finite")
         _check(
             "warmup_steps",
             self.warmup_steps < self.total_steps,
@@ -179,11 +290,6 @@ class DeptConfig:
 def _check(name: str, ok: bool, why: str, where: str = "config") -> None:
     if not ok:
         raise ConfigError(f"{where} key '{kebab(name)}' {why}")
-
-
-def _check_choice(key: str, value: str, choices: tuple[str, ...]) -> None:
-    if value not in choices:
-        raise ConfigError(f"config key '{key}' is {value!r}; expected one of {', '.join(choices)}")
 
 
 def base_dir() -> Path:
@@ -251,3 +357,35 @@ def _read_yaml_mapping(path: Path) -> dict[str, Any]:
 def to_run_config(cfg: DeptConfig) -> dict[str, Any]:
     """The flat kebab-case mapping Flower expects (inverse of :func:`load_config`)."""
     return {kebab(f.name): getattr(cfg, f.name) for f in fields(DeptConfig)}
+
+
+@dataclass(frozen=True)
+class ConfigKey:
+    """One run config key as ``dept-run --help`` and README's config table present it."""
+
+    key: str  # kebab-case, as in ``--run-config``
+    default: Any
+    kind: str  # int, float, bool, str, or the choices: glob|trim|spec|spec-opt
+    doc: str
+
+    @property
+    def shown_default(self) -> str:
+        """The default as the README writes it: TOML's true/false, "" for no string."""
+        if isinstance(self.default, bool):
+            return str(self.default).lower()
+        if isinstance(self.default, str):
+            return self.default or '""'
+        return repr(self.default)
+
+
+def config_keys() -> list[ConfigKey]:
+    """Every run config key, in schema order, with its default, type or choices and doc."""
+    hints = get_type_hints(DeptConfig)
+    return [
+        ConfigKey(kebab(f.name), f.default, _kind(hints[f.name]), f.metadata["doc"])
+        for f in fields(DeptConfig)
+    ]
+
+
+def _kind(hint: Any) -> str:
+    return "|".join(get_args(hint)) if get_origin(hint) is Literal else hint.__name__

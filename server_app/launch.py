@@ -1,12 +1,6 @@
 """``dept-run``: ``flwr run`` in the simulation runtime, sized for this run and this machine.
 
-Plain ``flwr run .`` starts two simulated SuperNodes and hides GPUs from ClientApps unless told
-otherwise. This wrapper validates the run config first (so a typo fails in a second, naming
-the key), starts one SuperNode per source, gives each client an equal share of the visible
-GPUs, makes relative paths absolute against *your* working directory (the local SuperLink
-may have been started elsewhere), turns off Flower's per-run dependency installation (it
-would download a CUDA build of torch), streams the logs, and stops the local SuperLink it
-started when the run ends.
+What it does is :data:`DESCRIPTION`, which ``--help`` prints with the run config keys.
 """
 
 from __future__ import annotations
@@ -18,6 +12,7 @@ import os
 import signal
 import subprocess
 import sys
+import textwrap
 import time
 import tomllib
 from pathlib import Path
@@ -28,7 +23,7 @@ import httpx
 from flwr.common.config import parse_config_args
 
 from dept.budget import Device, check_server_fits, check_source_fits
-from dept.config import ConfigError, DeptConfig, load_config, resolve_path
+from dept.config import ConfigError, DeptConfig, config_keys, load_config, resolve_path
 from dept.lock import check_folder_free
 from dept.sharing import shared_vocab_size
 from dept.sources import SourceSpec, run_sources
@@ -36,6 +31,23 @@ from dept.train import resolve_device
 
 PATH_KEYS = ("sources-file", "output-dir", "state-dir")
 LOCAL_SUPERLINK_HEALTH = "http://127.0.0.1:39091/health"
+HELP_WIDTH = 79
+INDENT = " " * 6  # of a run config key's doc under its name
+DESCRIPTION = """\
+Run DEPT: flwr run in the simulation runtime, sized for this run and machine.
+
+Plain "flwr run ." starts two simulated SuperNodes and hides GPUs from
+ClientApps unless told otherwise. dept-run validates the run config first (a
+typo fails in a second, naming the key), starts one SuperNode per source, gives
+each client an equal share of the visible GPUs, makes relative paths absolute
+against your working directory (the local SuperLink may have been started
+elsewhere), turns off Flower's per-run dependency installation (it would
+download a CUDA build of torch), streams the logs, and stops the local
+SuperLink it started when the run ends."""
+EXAMPLES = """\
+examples:
+  dept-run -c "model='debug' num-server-rounds=2 output-dir='runs/debug'"
+  dept-run -c "variant='glob' compression='int8'" -c "seed=1" --no-stream"""
 
 
 def project_dir() -> Path:
@@ -137,27 +149,74 @@ def check_fits_here(cfg: DeptConfig, sources: list[SourceSpec]) -> None:
         check_source_fits(cfg, spec, device)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="dept-run", description=__doc__.splitlines()[0])
+def keys_help() -> str:
+    """The run config keys for ``--help``: ``key = default  [type or choices]``, then the doc."""
+    lines = ['run config keys (-c "key=value", strings quoted: -c "model=\'debug\'"):']
+    for k in config_keys():
+        lines.append(f"  {k.key} = {k.shown_default}  [{k.kind}]")
+        lines += textwrap.wrap(
+            k.doc,
+            HELP_WIDTH,
+            initial_indent=INDENT,
+            subsequent_indent=INDENT,
+            break_on_hyphens=False,
+        )
+    return "\n".join(lines)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """dept-run's options; the help ends with examples and every run config key."""
+    parser = argparse.ArgumentParser(
+        prog="dept-run",
+        description=DESCRIPTION,
+        epilog=f"{EXAMPLES}\n\n{keys_help()}",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument(
         "--run-config",
         "-c",
         action="append",
         default=[],
-        help='run config overrides, as for flwr run ("k1=v1 k2=v2")',
+        metavar='"KEY=VALUE ..."',
+        help="run config overrides, as for flwr run (TOML values; repeatable; "
+        "default: the app's pyproject.toml, keys below)",
     )
-    parser.add_argument("--app", type=Path, default=None, help="the Flower app folder")
-    parser.add_argument("--num-supernodes", type=int, default=0, help="default: one per source")
     parser.add_argument(
-        "--gpus-per-client", type=float, default=None, help="default: an equal share"
+        "--app",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="the Flower app folder (default: the working directory if it is one, "
+        "else this installed project)",
     )
-    parser.add_argument("--no-stream", action="store_true", help="do not stream the run's logs")
+    parser.add_argument(
+        "--num-supernodes",
+        type=int,
+        default=0,
+        metavar="N",
+        help="simulated SuperNodes (default: one per source)",
+    )
+    parser.add_argument(
+        "--gpus-per-client",
+        type=float,
+        default=None,
+        metavar="SHARE",
+        help="GPUs per client (default: the visible GPUs shared equally, 0 if none)",
+    )
+    parser.add_argument(
+        "--no-stream", action="store_true", help="do not stream the run's logs (default: stream)"
+    )
     parser.add_argument(
         "--keep-superlink",
         action="store_true",
-        help="leave the local SuperLink running after the run",
+        help="leave the local SuperLink running after the run (default: stop it if "
+        "dept-run started it)",
     )
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     app = (args.app or project_dir()).resolve()
     try:
         overrides = absolute_paths({**_path_defaults(app), **parse_config_args(args.run_config)})

@@ -1,10 +1,20 @@
+import re
+import tomllib
 from pathlib import Path
+from typing import Any, get_args
 
 import pytest
+import torch
 
-from dept.config import ConfigError, load_config, resolve_path, to_run_config
+from dept.compression import CompressionName, decode, encode
+from dept.config import ConfigError, config_keys, load_config, resolve_path, to_run_config
+from dept.outer_optimizers import OUTER_OPTIMIZERS, OuterName
 from dept.sources import check_source_paths, load_sources
+from dept.variants import VARIANTS, VariantName
 from tests.helpers import debug_run_config
+
+ROOT = Path(__file__).resolve().parents[2]
+README_ROW = re.compile(r"^\| `([a-z0-9-]+)` \| `([^`]*)` \| (.*) \|$")
 
 
 def test_defaults_round_trip(tmp_path: Path) -> None:
@@ -26,15 +36,19 @@ def test_defaults_round_trip(tmp_path: Path) -> None:
         ({"outer-momentum": 1.0}, "outer-momentum"),
         ({"outer-optimizer": "nesterov", "outer-momentum": 0.0}, "outer-momentum"),
         ({"seed": -1}, "seed"),
-        ({"compression": "int4"}, "'compression' is 'int4'"),
+        ({"compression": "int4"}, "^config key 'compression': Invalid value 'int4'"),
+        ({"device": "gpu"}, r"^config key 'device': Invalid value 'gpu', expected one of \['auto'"),
+        ({"aggregation": "avg"}, "^config key 'aggregation': Invalid value 'avg'"),
+        ({"outlier-action": "drop"}, "^config key 'outlier-action': Invalid value 'drop'"),
         ({"compression-error-feedback": "maybe"}, "compression-error-feedback"),
         ({"lr": float("inf")}, "'lr' must be finite"),
         ({"warmup-steps": 16}, "warmup-steps.*never decays"),
     ],
 )
 def test_bad_values_name_the_key(tmp_path: Path, override: dict, named: str) -> None:
-    with pytest.raises(ConfigError, match=named):
+    with pytest.raises(ConfigError, match=named) as raised:
         load_config(debug_run_config(tmp_path, **override))
+    assert "\n" not in str(raised.value)
 
 
 def test_yaml_layer_and_overrides(tmp_path: Path) -> None:
@@ -95,3 +109,39 @@ def test_missing_sources_file(tmp_path: Path) -> None:
 def test_default_sources_are_offline_builtins() -> None:
     specs = load_sources(None)
     assert len(specs) >= 4 and all(s.kind == "builtin" for s in specs)
+
+
+def test_readme_table_lists_every_key_with_its_default_and_doc() -> None:
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    section = readme.split("\n## Configuration\n", 1)[1].split("\n#", 1)[0]
+    table = {m[1]: (m[2], m[3]) for line in section.splitlines() if (m := README_ROW.match(line))}
+    schema = {k.key: (k.shown_default, k.doc) for k in config_keys()}
+    assert table == schema
+
+
+def test_pyproject_defaults_are_the_schema_defaults() -> None:
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+    defaults: dict[str, Any] = pyproject["tool"]["flwr"]["app"]["config"]
+    assert defaults == {k.key: k.default for k in config_keys()}
+
+
+def test_variant_choices_are_the_registered_variants() -> None:
+    assert set(get_args(VariantName)) == set(VARIANTS)
+
+
+def test_outer_optimizer_choices_are_the_registered_optimizers() -> None:
+    assert set(get_args(OuterName)) == set(OUTER_OPTIMIZERS)
+
+
+@pytest.mark.parametrize("kind", get_args(CompressionName))
+def test_every_compression_choice_encodes_and_decodes(kind: str) -> None:
+    delta = {"w": torch.linspace(-1, 1, 300).reshape(3, 100)}
+    decoded = decode(encode(delta, kind), {"w": (3, 100)}, kind)
+    assert torch.allclose(decoded["w"], delta["w"], atol=1e-2)
+
+
+def test_choice_keys_show_their_choices() -> None:
+    kinds = {k.key: k.kind for k in config_keys()}
+    assert kinds["variant"] == "|".join(get_args(VariantName))
+    assert kinds["compression"] == "none|fp16|int8"
+    assert kinds["device"] == "auto|cpu|cuda|mps"

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from dept.config import config_keys
 from server_app.launch import main as dept_run
 
 
@@ -56,3 +57,16 @@ def test_a_round_no_machine_here_can_finish(tmp_path: Path, capsys: pytest.Captu
 def test_a_sequence_whose_logits_cannot_fit(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     err = _refused(capsys, "seq-len=4000000", f"output-dir='{tmp_path / 'out'}'")
     assert "config key 'seq-len' (4,000,000): a client needs at least" in err
+
+
+def test_help_is_plain_text_and_lists_every_run_config_key(capsys: pytest.CaptureFixture) -> None:
+    with pytest.raises(SystemExit) as done:
+        dept_run(["--help"])
+    out = capsys.readouterr().out
+    assert done.value.code == 0
+    assert "``" not in out and ":data:" not in out and "examples:" in out
+    assert "(default: one per source)" in out
+    unwrapped = " ".join(out.split())
+    for k in config_keys():
+        assert f"  {k.key} = {k.shown_default}  [{k.kind}]\n" in out
+        assert k.doc in unwrapped
