@@ -18,12 +18,10 @@ nothing is lost, only delayed (:func:`compress_with_feedback`).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Literal
 
 import torch
 import torch.nn.functional as F
 
-CompressionName = Literal["none", "fp16", "int8"]  # the run config's ``compression``
 BLOCK = 256
 SCALE_SUFFIX = "@scale"
 INT8_MAX = 127

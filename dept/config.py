@@ -22,11 +22,12 @@ import yaml
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from dept.compression import CompressionName
 from dept.outer_optimizers import OUTER_OPTIMIZERS, OuterName
 from dept.variants import VariantName
 
-# Choices whose code imports this module (dept.train) or is not the core's (dept_strategy).
+# Choices whose code imports this module (dept.train, dept.compression), or is not the
+# core's (dept_strategy); named here so the config (and --help) loads without torch.
+CompressionName = Literal["none", "fp16", "int8"]  # how pseudo-gradients travel up
 AggregationName = Literal["mean", "trimmed-mean", "median"]  # how a round's updates combine
 OutlierAction = Literal["clip", "reject"]  # what becomes of an update too large to be honest
 DeviceName = Literal["auto", "cpu", "cuda", "mps"]  # dept.train.resolve_device picks one
@@ -71,9 +72,8 @@ class DeptConfig:
     )
     model: str = doc(
         "tiny",
-        "family:size (families llama, gpt2; sizes debug: 82k body params, tiny: 0.8M, small: "
-        "4.7M, 125m: 85M; a bare size means llama) or a Hugging Face config.json of such a "
-        "family",
+        "family:size, e.g. llama:tiny or gpt2:small (dept models lists them with their sizes; "
+        "a bare size means llama), or the path of a Hugging Face config.json of such a family",
     )
     tie_embeddings: bool = doc(True, "tie input and output embeddings (untied, φ holds both)")
     num_server_rounds: int = doc(3, "federated rounds; >= 1")

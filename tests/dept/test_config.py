@@ -6,8 +6,15 @@ from typing import Any, get_args
 import pytest
 import torch
 
-from dept.compression import CompressionName, decode, encode
-from dept.config import ConfigError, config_keys, load_config, resolve_path, to_run_config
+from dept.compression import decode, encode
+from dept.config import (
+    CompressionName,
+    ConfigError,
+    config_keys,
+    load_config,
+    resolve_path,
+    to_run_config,
+)
 from dept.outer_optimizers import OUTER_OPTIMIZERS, OuterName
 from dept.sources import check_source_paths, load_sources
 from dept.variants import VARIANTS, VariantName
