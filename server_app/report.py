@@ -4,6 +4,10 @@ Files in ``output-dir``: ``config.json`` (the validated config), ``metrics.jsonl
 object per round, written as the round ends), ``metrics.csv`` (one row per round and
 source), ``summary.json``, ``body.safetensors`` (θ), ``embeddings.safetensors`` (the
 global φ, GLOB and TRIM only) and ``val_bpb.png``.
+
+Everything is read from the strategy's :class:`~dept_strategy.history.RunHistory`, which the
+report never changes: a round's ``global_step`` there is the step at the start of its
+training, its ``wall_s`` the run's wall time when it ended.
 """
 
 from __future__ import annotations
@@ -40,7 +44,8 @@ RUN_FILES = (
 
 
 class RunReport:
-    """Writes a run's outputs as it goes; :meth:`finish` adds the summary and the table."""
+    """Writes a run's outputs as it goes; :meth:`finish` adds the summary and the table.
+    It only reads the history it is given."""
 
     def __init__(
         self, out_dir: Path, cfg: DeptConfig, run_id: str, resumed: RunHistory | None = None
@@ -58,8 +63,9 @@ class RunReport:
         )
         self.metrics_path.write_text("".join(lines))
 
-    def round_done(self, history: RunHistory, server_round: int, wall_s: float) -> None:
-        history.at(server_round).wall_s = wall_s
+    def round_done(self, history: RunHistory, server_round: int) -> None:
+        """Append the line of ``server_round`` (ended, its wall time noted) and log it."""
+        wall_s = history.rounds[server_round].wall_s
         line = history.round_json(server_round)
         with self.metrics_path.open("a") as f:
             f.write(dumps(line) + "\n")
