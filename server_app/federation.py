@@ -5,6 +5,7 @@ column); each round then trains, aggregates and evaluates, a line goes to ``metr
 and a checkpoint to ``checkpoints/`` before the next round starts. With ``resume`` the run
 continues after the newest good checkpoint in ``output-dir``, with the same run id (so each
 node finds its state) and the same sampling: it ends as the uninterrupted run would have.
+:func:`run_federation` returns a :class:`RunResult`: the output folder and the summary.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import shutil
 import time
 import uuid
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -50,19 +52,30 @@ RESUMABLE_CHANGES = {
 }
 
 
-def run_federation(grid: Grid, run_config: Mapping[str, Any]) -> Path:
-    """Run every round; returns the output folder. Bad config fails before any training, and
-    a second run on the same ``output-dir`` stops at once (:mod:`dept.lock`)."""
+@dataclass(frozen=True)
+class RunResult:
+    """What a finished run hands back: where its files are, and its summary."""
+
+    out_dir: Path
+    # the content of out_dir/summary.json (a missing or non-finite number is None)
+    summary: dict[str, Any]
+
+
+def run_federation(grid: Grid, run_config: Mapping[str, Any]) -> RunResult:
+    """Run every round; returns the output folder and the run's summary. Bad config fails
+    before any training, and a second run on the same ``output-dir`` stops at once
+    (:mod:`dept.lock`)."""
     cfg = load_config(run_config)
     declared = {s.name for s in run_sources(cfg)}  # parses and validates the sources file
     check_server_fits(cfg, shared_vocab_size(cfg), Device.here("cpu").memory)
     out_dir = resolve_path(cfg.output_dir)
     with exclusive_folder(out_dir):
-        _run_rounds(grid, cfg, out_dir, declared)
-    return out_dir
+        summary = _run_rounds(grid, cfg, out_dir, declared)
+    return RunResult(out_dir, summary)
 
 
-def _run_rounds(grid: Grid, cfg: DeptConfig, out_dir: Path, declared: set[str]) -> None:
+def _run_rounds(grid: Grid, cfg: DeptConfig, out_dir: Path, declared: set[str]) -> dict[str, Any]:
+    """The rounds from the start (or after the checkpoint resumed); the run's summary."""
     log.info(
         "DEPT %s: model %s, %d rounds x %d local steps; output in %s",
         cfg.variant,
@@ -98,7 +111,7 @@ def _run_rounds(grid: Grid, cfg: DeptConfig, out_dir: Path, declared: set[str]) 
             out_dir, server_round, tensors, {"run_config": to_run_config(cfg), "strategy": state}
         )
     body, embeddings = strategy.final_model()
-    report.finish(strategy.history, body, time.monotonic() - started, embeddings)
+    return report.finish(strategy.history, body, time.monotonic() - started, embeddings)
 
 
 def _resume(cfg: DeptConfig, out_dir: Path) -> tuple[DeptStrategy, Checkpoint]:

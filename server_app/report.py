@@ -89,6 +89,8 @@ class RunReport:
         wall_s: float,
         embeddings: dict[str, torch.Tensor] | None = None,
     ) -> dict[str, Any]:
+        """Write the summary, the final model, the table and the plot; returns the summary
+        as ``summary.json`` holds it (a missing or non-finite number is None)."""
         summary = {"run_id": self.run_id, **build_summary(history, self.cfg, wall_s)}
         (self.out_dir / "summary.json").write_text(dumps(summary, indent=2))
         save_file(
@@ -112,7 +114,7 @@ class RunReport:
                 self.out_dir / "summary.json",
             )
         log.info("outputs written to %s", self.out_dir)
-        return summary
+        return _finite(summary)
 
     def _write_csv(self, history: RunHistory) -> None:
         with (self.out_dir / "metrics.csv").open("w", newline="") as f:
