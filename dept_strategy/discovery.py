@@ -18,14 +18,15 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
 
-from flwr.app import ConfigRecord, Message, MessageType, RecordDict
+from flwr.app import ConfigRecord, Message
 from flwr.serverapp import Grid
 
 from dept import keys
+from dept_strategy.history import RunHistory
 from dept_strategy.identity import fingerprint, node_keys
-from dept_strategy.inflight import InFlight, Target
+from dept_strategy.inflight import Target
+from dept_strategy.queries import send_queries
 from dept_strategy.validation import last_line
 
 log = logging.getLogger(__name__)
@@ -66,10 +67,9 @@ class SourceDirectory:
         self.refused: set[tuple[str, int]] = set()  # (source, node) conflicts already reported
         self.conflicts: list[dict[str, str]] = []  # what was refused, for the run's report
 
-    def refresh(
-        self, grid: Grid, server_round: int, on_failure: Callable[[int, str], None]
-    ) -> dict[str, int]:
-        """Ask nodes not yet known; return ``{source: node}`` for the connected nodes."""
+    def refresh(self, grid: Grid, server_round: int, history: RunHistory) -> dict[str, int]:
+        """Ask nodes not yet known (a node that cannot answer goes into ``history``); return
+        ``{source: node}`` for the connected nodes."""
         connected = set(grid.get_node_ids())
         unknown = sorted(
             n
@@ -78,7 +78,7 @@ class SourceDirectory:
         )
         self.asked_in_round.update(dict.fromkeys(unknown, server_round))
         if unknown:
-            self._ask(grid, unknown, on_failure)
+            self._ask(grid, unknown, server_round, history)
         keys_of = node_keys(grid)  # empty where nodes do not authenticate
         for node in [n for n in self.node_sources if n in connected]:  # first answered first
             for source in self.node_sources[node]:
@@ -145,25 +145,17 @@ class SourceDirectory:
             }
         )
 
-    def _ask(self, grid: Grid, nodes: list[int], on_failure: Callable[[int, str], None]) -> None:
+    def _ask(self, grid: Grid, nodes: list[int], server_round: int, history: RunHistory) -> None:
         config = ConfigRecord({keys.RUN_ID: self.run_id})
-        in_flight = InFlight()  # credits a reply the SuperLink made (node gone) to its node
-        messages = []
-        for node in nodes:
-            message = Message(
-                RecordDict({keys.CONFIG: config}), dst_node_id=node, message_type=MessageType.QUERY
-            )
-            in_flight.track(message, Target(node, ""))
-            messages.append(message)
-        replies = list(grid.send_and_receive(messages, timeout=self.query_timeout_s))
-        for reply in replies:
-            target = in_flight.target_of(reply)
-            self._learn(target.node if target else reply.metadata.src_node_id, reply, on_failure)
-        for target in in_flight.unanswered(r.metadata.reply_to_message_id for r in replies):
+        queries = [(Target(node, ""), config) for node in nodes]
+        replies, silent = send_queries(grid, queries, self.query_timeout_s)
+        for target, reply in replies:
+            node = target.node if target else reply.metadata.src_node_id
+            self._learn(node, reply, server_round, history)
+        for target in silent:
             self.failures[target.node] = f"no answer within {self.query_timeout_s:.0f} s"
-            on_failure(
-                target.node, f"did not say which sources it serves: {self.failures[target.node]}"
-            )
+            why = f"did not say which sources it serves: {self.failures[target.node]}"
+            history.failed(server_round, target.node, why)
 
     def forget(self, node: int) -> None:
         """Ask ``node`` again next round (it failed: it may have restarted with other data).
@@ -171,17 +163,17 @@ class SourceDirectory:
         serves when it answers again is let go then."""
         self.node_sources.pop(node, None)
 
-    def _learn(self, node: int, reply: Message, on_failure: Callable[[int, str], None]) -> None:
+    def _learn(self, node: int, reply: Message, server_round: int, history: RunHistory) -> None:
         if reply.has_error():
             log.warning("node %d cannot take part: %s", node, last_line(reply.error.reason))
             self.failures[node] = last_line(reply.error.reason)
-            on_failure(node, reply.error.reason or "?")
+            history.failed(server_round, node, reply.error.reason or "?")
             return
         info = reply.content.config_records.get(keys.INFO)
         sources = info.get(keys.SOURCES) if info is not None else None
         if not isinstance(sources, list):
             self.failures[node] = f"query reply lacks '{keys.SOURCES}'"
-            on_failure(node, self.failures[node])
+            history.failed(server_round, node, self.failures[node])
             return
         self.failures.pop(node, None)
         self.node_sources[node] = [str(s) for s in sources]
@@ -195,7 +187,7 @@ class SourceDirectory:
         self,
         grid: Grid,
         server_round: int,
-        on_failure: Callable[[int, str], None],
+        history: RunHistory,
         expected: frozenset[str] = frozenset(),
     ) -> dict[str, int]:
         """``refresh`` until ``min_nodes`` nodes and at least one source are there, or fail.
@@ -215,7 +207,7 @@ class SourceDirectory:
             if nodes != seen:
                 seen, stable_since = nodes, time.monotonic()
             enough = len(nodes) >= self.min_nodes
-            owners = self.refresh(grid, server_round, on_failure) if enough else {}
+            owners = self.refresh(grid, server_round, history) if enough else {}
             if owners and expected <= owners.keys():
                 return owners
             idle = {n for n, served in self.node_sources.items() if not served}

@@ -6,16 +6,28 @@ serialized arrays). Two references put it in context, both per participating cli
 and up every round, as FedAvg on everything would; ``bytes_ddp_equivalent`` — a gradient of
 the whole model up and down at *every* local step, as synchronous data-parallel training
 of the same steps would.
+
+The history is also where every reply that did not count is written down, and logged, with
+its reason (:meth:`RunHistory.failed`, :meth:`~RunHistory.rejected`, ...): the round's line
+in ``metrics.jsonl`` and the ``problems`` of ``summary.json`` are read from it.
+
+``global_step`` of a round is the step of the global learning-rate schedule at the *start*
+of the round's training, the one its clients are sent: ``(round - 1) * local_steps``, and 0
+for round 0 (the evaluation before any training). The round's evaluation comes after its
+``local_steps`` more.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from dept import keys
+from dept_strategy.validation import last_line
 
+log = logging.getLogger(__name__)
 FLOAT32_BYTES = 4
 
 
@@ -45,7 +57,7 @@ class CommLedger:
 @dataclass
 class RoundRecord:
     round: int
-    global_step: int
+    global_step: int  # at the start of the round's training (module docstring)
     sampled: int = 0
     train: dict[str, dict[str, float]] = field(default_factory=dict)
     eval: dict[str, dict[str, float]] = field(default_factory=dict)
@@ -62,18 +74,89 @@ class RoundRecord:
 class RunHistory:
     """Everything the strategy learns per round, in a form ready for JSON."""
 
-    def __init__(self, body_params: int) -> None:
+    def __init__(self, body_params: int, local_steps: int) -> None:
         self.body_params = body_params
+        self.local_steps = local_steps
         self.comm = CommLedger()
         self.rounds: dict[int, RoundRecord] = {}
         self.embedding_params: dict[str, int] = {}
         self.oracle_bpb: dict[str, float] = {}
         self.conflicts: list[dict[str, str]] = []  # nodes refused a source another one serves
 
-    def at(self, server_round: int, global_step: int = 0) -> RoundRecord:
+    def global_step(self, server_round: int) -> int:
+        """Step of the global LR schedule at the start of ``server_round`` (1-based; 0 for
+        round 0, before training)."""
+        return max(server_round - 1, 0) * self.local_steps
+
+    def at(self, server_round: int) -> RoundRecord:
+        """The record of ``server_round``, made with its global step the first time anything
+        happens in it (a failed discovery query as much as a training message)."""
         if server_round not in self.rounds:
-            self.rounds[server_round] = RoundRecord(server_round, global_step)
+            self.rounds[server_round] = RoundRecord(server_round, self.global_step(server_round))
         return self.rounds[server_round]
+
+    def failed(self, server_round: int, node: int, reason: str, source: str | None = None) -> None:
+        """An error reply, or none in time, for ``source`` on ``node``. Without ``source``: a
+        node that could not say which sources it serves (discovery logs those with their
+        cause)."""
+        why = last_line(reason)
+        if source is None:
+            self.at(server_round).failed.append({"node": str(node), "reason": why})
+            return
+        log.warning("round %d: source %s on node %d failed: %s", server_round, source, node, why)
+        self.at(server_round).failed.append({"node": str(node), "source": source, "reason": why})
+
+    def rejected(self, server_round: int, node: int, reason: str, source: str) -> None:
+        """A reply refused (malformed, out of range, too large): it counts for nothing."""
+        entries = self.at(server_round).rejected
+        self._note(server_round, "rejected the reply for", entries, node, reason, source)
+
+    def clipped(self, server_round: int, node: int, reason: str, source: str) -> None:
+        """An update too large, scaled down before it was combined."""
+        entries = self.at(server_round).clipped
+        self._note(server_round, "clipped the update of", entries, node, reason, source)
+
+    def _note(
+        self,
+        server_round: int,
+        what: str,
+        entries: list[dict[str, str]],
+        node: int,
+        reason: str,
+        source: str,
+    ) -> None:
+        log.warning(
+            "round %d: %s source %s from node %d: %s", server_round, what, source, node, reason
+        )
+        entries.append({"node": str(node), "source": source, "reason": reason})
+
+    def ignored(self, server_round: int, node: int, reason: str) -> None:
+        """A reply credited to nobody (unsolicited, or a duplicate)."""
+        log.warning("round %d: ignored a reply from node %d: %s", server_round, node, reason)
+        self.at(server_round).ignored.append({"node": str(node), "reason": reason})
+
+    def state_event(self, server_round: int, node: int, event: str, source: str) -> None:
+        """What a node said about ``source``'s state (lost, damaged, started afresh)."""
+        log.warning("round %d: source %s: %s", server_round, source, event)
+        self.at(server_round).state_events.append(
+            {"node": str(node), "source": source, "event": event}
+        )
+
+    def why_nothing_trained(self, server_round: int) -> str | None:
+        """None if an update of ``server_round`` was taken; else its failures and refusals."""
+        record = self.at(server_round)
+        if record.train:
+            return None
+        return "; ".join(sorted({e["reason"] for e in (*record.failed, *record.rejected)}))
+
+    def round_ended(self, server_round: int, wall_s: float) -> None:
+        """``wall_s``: seconds since the run started, as ``server_round`` ended."""
+        self.at(server_round).wall_s = wall_s
+
+    def elapsed_s(self) -> float:
+        """Seconds the run had taken when its latest round ended (0.0 before any ended): a
+        resumed run's clock goes on from there."""
+        return self.rounds[max(self.rounds)].wall_s if self.rounds else 0.0
 
     def record_bytes_up(self, server_round: int, count: int) -> None:
         """Bytes of a reply's arrays, counted whether the update is accepted or not."""
@@ -136,8 +219,9 @@ class RunHistory:
         }
 
     @classmethod
-    def from_state_dict(cls, state: dict[str, Any]) -> RunHistory:
-        history = cls(int(state["body_params"]))
+    def from_state_dict(cls, state: dict[str, Any], local_steps: int) -> RunHistory:
+        """``local_steps``: the run's (its config holds it, and a resumed run must match)."""
+        history = cls(int(state["body_params"]), local_steps)
         history.comm = CommLedger(**state["comm"])
         history.rounds = {int(r["round"]): RoundRecord(**r) for r in state["rounds"]}
         history.embedding_params = {k: int(v) for k, v in state["embedding_params"].items()}
@@ -167,7 +251,6 @@ class RunHistory:
     def round_json(self, server_round: int) -> dict[str, Any]:
         """One line of ``metrics.jsonl``."""
         record = self.rounds[server_round]
-        wall_s = record.wall_s
         per_source: dict[str, dict[str, float]] = {}
         for source in sorted({*record.train, *record.eval}):
             train, ev = record.train.get(source, {}), record.eval.get(source, {})
@@ -186,7 +269,7 @@ class RunHistory:
         return {
             "round": server_round,
             "global_step": record.global_step,
-            "wall_s": round(wall_s, 3),
+            "wall_s": round(record.wall_s, 3),
             "sampled": record.sampled,
             "avg_val_bpb": self.mean_val_bpb(server_round),
             "sources": per_source,

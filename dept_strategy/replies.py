@@ -2,33 +2,34 @@
 whether it may be used; every reply that does not count is logged and recorded with its
 reason, so a round never loses one silently.
 
-Training replies are decoded here (:func:`decode_train`) and spooled for the round
-(:mod:`dept_strategy.aggregate`); evaluation replies are range-checked (:func:`check_eval`).
+Training replies are decoded here (:meth:`ReplyDesk.decode_train`) and spooled for the round
+(:mod:`dept_strategy.aggregate`), those too large clipped or dropped
+(:meth:`ReplyDesk.screened`) and the rest credited (:meth:`ReplyDesk.credit`); evaluation
+replies are range-checked (:meth:`ReplyDesk.check_eval`).
 """
 
 from __future__ import annotations
 
-import logging
+import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
-from flwr.app import Message, RecordDict
+from flwr.app import Message, MetricRecord, RecordDict
 
 from dept import keys
 from dept_strategy.aggregate import RoundSpool, Spooled
 from dept_strategy.history import RunHistory
 from dept_strategy.inflight import InFlight, Target
+from dept_strategy.screening import Flagged
 from dept_strategy.validation import (
     RejectedReply,
     check_train_reply,
     finite_metric,
     finite_metrics,
-    last_line,
     reply_source,
 )
 
-log = logging.getLogger(__name__)
 ExpectedShapes = Callable[[str], tuple[dict[str, tuple[int, ...]], np.ndarray | None]]
 
 
@@ -43,63 +44,33 @@ class Arrival:
 
 
 class ReplyDesk:
-    """Credits, checks and records the replies of one exchange (a round's train or evaluate)."""
+    """Credits, checks and records the replies of one exchange (a round's train or evaluate);
+    what does not count goes into the run's history (:class:`RunHistory`) with its reason."""
 
-    def __init__(
-        self,
-        history: RunHistory,
-        in_flight: InFlight,
-        server_round: int,
-        on_error: Callable[[int], None] = lambda node: None,
-    ) -> None:
-        """``on_error(node)``: a node answered with an error (it may have restarted serving
-        other data: the directory asks it again)."""
+    def __init__(self, history: RunHistory, in_flight: InFlight, server_round: int) -> None:
         self.history, self.in_flight, self.round = history, in_flight, server_round
-        self.on_error = on_error
+        # nodes that answered with an error: they may have restarted serving other data,
+        # so discovery asks them again
+        self.erred: list[int] = []
 
     def claim(self, reply: Message) -> Target | None:
         """Whom ``reply`` is from; None (logged, recorded) for unsolicited or duplicates."""
         target, why = self.in_flight.claim(reply)
         if target is None:
-            node = reply.metadata.src_node_id
-            log.warning("round %d: ignored a reply from node %d: %s", self.round, node, why)
-            self.history.at(self.round).ignored.append({"node": str(node), "reason": why})
+            self.history.ignored(self.round, reply.metadata.src_node_id, why)
         elif reply.has_error():
             self.failed(target, reply.error.reason or "?")
-            self.on_error(target.node)
+            self.erred.append(target.node)
             return None
         else:
             self._state_event(target, reply.content)
         return target
 
     def failed(self, target: Target, reason: str) -> None:
-        log.warning(
-            "round %d: source %s on node %d failed: %s",
-            self.round,
-            target.source,
-            target.node,
-            last_line(reason),
-        )
-        self.history.at(self.round).failed.append(
-            {"node": str(target.node), "source": target.source, "reason": last_line(reason)}
-        )
+        self.history.failed(self.round, target.node, reason, target.source)
 
     def rejected(self, target: Target, why: str) -> None:
-        self._note("rejected the reply for", self.history.at(self.round).rejected, target, why)
-
-    def clipped(self, target: Target, why: str) -> None:
-        self._note("clipped the update of", self.history.at(self.round).clipped, target, why)
-
-    def _note(self, what: str, entries: list[dict[str, str]], target: Target, why: str) -> None:
-        log.warning(
-            "round %d: %s source %s from node %d: %s",
-            self.round,
-            what,
-            target.source,
-            target.node,
-            why,
-        )
-        entries.append({"node": str(target.node), "source": target.source, "reason": why})
+        self.history.rejected(self.round, target.node, why, target.source)
 
     def missing(self) -> None:
         """Sampled sources whose node did not answer within ``round-timeout-s``."""
@@ -110,10 +81,39 @@ class ReplyDesk:
         info = content.config_records.get(keys.INFO)
         event = str(info.get(keys.STATE_EVENT, "")) if info is not None else ""
         if event:
-            log.warning("round %d: source %s: %s", self.round, target.source, event)
-            self.history.at(self.round).state_events.append(
-                {"node": str(target.node), "source": target.source, "event": event}
-            )
+            self.history.state_event(self.round, target.node, event, target.source)
+
+    def screened(
+        self, arrivals: list[Arrival], flagged: dict[int, Flagged], action: str
+    ) -> list[Arrival]:
+        """The arrivals to combine: those not ``flagged`` as they are, the flagged ones
+        (:func:`dept_strategy.screening.screen`) clipped to the round's median or, with
+        ``action`` "reject", dropped; each flagged one recorded."""
+        kept = []
+        for index, arrival in enumerate(arrivals):
+            flag = flagged.get(index)
+            if flag is None:
+                kept.append(arrival)
+            elif action == "reject":
+                self.rejected(arrival.target, flag.why)
+            else:
+                why = f"{flag.why}; scaled by {flag.shrink:.3g}"
+                self.history.clipped(self.round, arrival.target.node, why, arrival.target.source)
+                stats = arrival.spooled.stats.scaled(flag.shrink)
+                spooled = replace(arrival.spooled, scale=flag.shrink, stats=stats)
+                kept.append(replace(arrival, spooled=spooled))
+        return kept
+
+    def credit(self, accepted: list[Arrival]) -> MetricRecord:
+        """Record the accepted replies (their tokens count); the round's train metrics."""
+        weight = sum(a.spooled.weight for a in accepted)
+        loss = 0.0
+        for arrival in accepted:
+            stats = arrival.spooled.stats
+            metrics = {**arrival.metrics, "update_rms": stats.body_rms, "update_max": stats.max_abs}
+            self.history.record_train(self.round, arrival.target.source, metrics, arrival.bytes_up)
+            loss += arrival.spooled.weight * arrival.metrics.get(keys.TRAIN_LOSS, math.nan)
+        return MetricRecord({keys.TRAIN_LOSS: loss / weight, keys.NUM_EXAMPLES: weight})
 
     def decode_train(
         self,

@@ -14,6 +14,9 @@ What is shared, by variant:
 - GLOB: θ and the whole global φ (FedAvg on the whole model).
 - TRIM: θ and the rows of φ in the source's V_k (asked once, :mod:`dept_strategy.vocabularies`);
   each row is averaged over the sampled sources that hold it.
+
+The round loop (:mod:`server_app.federation`) uses the Flower methods and the few public ones
+below; what happened is in :attr:`DeptStrategy.history`, which only the strategy writes.
 """
 
 from __future__ import annotations
@@ -23,8 +26,7 @@ import math
 import random
 import tempfile
 import uuid
-from collections.abc import Callable, Iterable
-from dataclasses import replace
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -50,14 +52,21 @@ from dept_strategy.inflight import InFlight, Target
 from dept_strategy.outer import OuterOptimizer
 from dept_strategy.replies import Arrival, ReplyDesk
 from dept_strategy.screening import Defences, UpdateStats, median_stats, screen
-from dept_strategy.validation import last_line
 from dept_strategy.vocabularies import SourceVocabularies
 
 log = logging.getLogger(__name__)
 
 
 class DeptStrategy(Strategy):
-    """Samples sources, aggregates body pseudo-gradients, keeps per-source metrics."""
+    """Samples sources, aggregates body pseudo-gradients, keeps per-source metrics.
+
+    ``embedding_names``: the φ tensors among the outer optimizer's (GLOB, TRIM); ``trim``:
+    send each source only its V_k rows of them; ``compression``: how the clients encode
+    their pseudo-gradients (what goes down stays float32); ``spool_dir``: where a round's
+    replies wait on disk (default: a temporary folder); ``defences``: how they are screened
+    and combined (:mod:`.screening`); ``pinned``: source → the node key that may serve it
+    (:mod:`.identity`).
+    """
 
     def __init__(
         self,
@@ -82,36 +91,18 @@ class DeptStrategy(Strategy):
         defences: Defences | None = None,
         pinned: dict[str, bytes] | None = None,
     ) -> None:
-        """``embedding_names``: the φ tensors among the outer optimizer's (GLOB, TRIM);
-        ``trim``: send each source only its V_k rows of them; ``compression``: how the
-        clients encode their pseudo-gradients (what goes down stays float32);
-        ``spool_dir``: where a round's replies wait on disk (default: a temporary folder);
-        ``defences``: how they are screened and combined (:mod:`.screening`); ``pinned``:
-        source → the node key that may serve it (:mod:`.identity`)."""
-        if not 0 < fraction_train <= 1:
-            raise ValueError(f"fraction_train must be in (0, 1], got {fraction_train}")
-        if not 0 <= fraction_evaluate <= 1:
-            raise ValueError(f"fraction_evaluate must be in [0, 1], got {fraction_evaluate}")
-        if local_steps < 1:
-            raise ValueError(f"local_steps must be >= 1, got {local_steps}")
-        if compression not in COMPRESSIONS:
-            raise ValueError(f"compression must be one of {COMPRESSIONS}, got {compression!r}")
-        self.compression = compression
-        self.spool_dir = spool_dir
+        _check_settings(fraction_train, fraction_evaluate, local_steps, compression)
+        self.outer, self.local_steps, self.run_id = outer, local_steps, run_id
+        self.compression, self.spool_dir = compression, spool_dir
         self.defences = defences or Defences()
         self.reference: UpdateStats | None = None  # the last accepted round's median sizes
-        self.outer = outer
-        self.local_steps = local_steps
-        self.run_id = run_id
-        self.fraction_train = fraction_train
+        self.fraction_train, self.fraction_evaluate = fraction_train, fraction_evaluate
         self.min_train_nodes = max(1, min_train_nodes)
         self.min_train_replies = max(1, min_train_replies)
-        self.fraction_evaluate = fraction_evaluate
-        self.max_tokens_per_round = max_tokens_per_round
-        self.num_rounds = num_rounds
+        self.max_tokens_per_round, self.num_rounds = max_tokens_per_round, num_rounds
         self.in_flight = InFlight()
         self.attempt = uuid.uuid4().hex[:12]
-        self.resumed_after = -1
+        self.resumed_after = -1  # the checkpointed round a resumed run goes on from
         self.directory = SourceDirectory(
             run_id=run_id,
             min_nodes=min_available_nodes,
@@ -121,38 +112,38 @@ class DeptStrategy(Strategy):
         )
         self.rng = random.Random(seed)
         self.eval_rng = random.Random(seed + 1)  # evaluation draws do not shift training's
-        self.shapes = outer.shapes()
-        self.embedding_names = embedding_names
-        self.vocabularies = (
-            SourceVocabularies(
-                run_id=run_id,
-                num_rows=self.shapes[embedding_names[0]][0],
-                timeout_s=query_timeout_s,
-            )
-            if trim and embedding_names
-            else None
-        )
-        body_params = sum(
-            int(np.prod(s)) for n, s in self.shapes.items() if n not in embedding_names
-        )
-        self.history = RunHistory(body_params=body_params)
+        self.shapes, self.embedding_names = outer.shapes(), embedding_names
+        self.vocabularies = self._vocabularies(query_timeout_s) if trim else None
+        body = [s for n, s in self.shapes.items() if n not in embedding_names]
+        self.history = RunHistory(sum(int(np.prod(s)) for s in body), local_steps)
+
+    def _vocabularies(self, timeout_s: float) -> SourceVocabularies | None:
+        """TRIM's V_k per source (none to keep where no φ is shared)."""
+        if not self.embedding_names:
+            return None
+        rows = self.shapes[self.embedding_names[0]][0]
+        return SourceVocabularies(run_id=self.run_id, num_rows=rows, timeout_s=timeout_s)
 
     def state_dict(self) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-        """(tensors, JSON-ready rest): everything a resumed run needs to continue exactly."""
+        """(tensors, JSON-ready rest): everything :meth:`resume` needs to continue exactly."""
         tensors, outer = self.outer.state_dict()
         for source, ids in (self.vocabularies.ids if self.vocabularies else {}).items():
             tensors[f"vocab/{source}"] = torch.from_numpy(ids)
         meta = {
             "run_id": self.run_id,
             "outer": outer,
-            "rng": _rng_state(self.rng),
-            "eval_rng": _rng_state(self.eval_rng),
+            "rng": self.rng.getstate(),  # tuples: JSON writes them as lists
+            "eval_rng": self.eval_rng.getstate(),
             "history": self.history.state_dict(),
             "reference": self.reference.as_dict() if self.reference else None,
         }
         return tensors, meta
 
-    def load_state_dict(self, tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> None:
+    def resume(
+        self, tensors: dict[str, torch.Tensor], meta: dict[str, Any], after_round: int
+    ) -> None:
+        """Go on from the checkpoint (:meth:`state_dict`) of ``after_round``; the nodes are
+        told, so each drops what a crashed attempt left from later rounds."""
         if meta["run_id"] != self.run_id:
             raise ValueError(f"checkpoint of run {meta['run_id']!r}, not {self.run_id!r}")
         self.outer.load_state_dict(tensors, meta["outer"])
@@ -164,8 +155,30 @@ class DeptStrategy(Strategy):
             }
         self.rng.setstate(_rng_tuple(meta["rng"]))
         self.eval_rng.setstate(_rng_tuple(meta["eval_rng"]))
-        self.history = RunHistory.from_state_dict(meta["history"])
+        self.history = RunHistory.from_state_dict(meta["history"], self.local_steps)
         self.reference = UpdateStats(**meta["reference"]) if meta.get("reference") else None
+        self.resumed_after = after_round
+
+    def shared_tensors(self) -> ArrayRecord:
+        """The tensors every sampled source gets, serialised (θ; with φ for GLOB and TRIM)."""
+        return ArrayRecord(self.outer.tensors())
+
+    def final_model(self) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+        """(θ, the global φ: empty where embeddings stay on the nodes) as they are now."""
+        body = self.outer.tensors()
+        return body, {name: body.pop(name) for name in self.embedding_names}
+
+    def why_nothing_trained(self, server_round: int) -> str | None:
+        """None if an update of ``server_round`` was taken; else its failures and refusals."""
+        return self.history.why_nothing_trained(server_round)
+
+    def round_ended(self, server_round: int, wall_s: float) -> None:
+        """Note the run's wall time (seconds since it started) as ``server_round`` ended."""
+        self.history.round_ended(server_round, wall_s)
+
+    def elapsed_s(self) -> float:
+        """Wall seconds the run had taken by its latest ended round (0.0 for a fresh one)."""
+        return self.history.elapsed_s()
 
     def summary(self) -> None:
         shared = "θ only"
@@ -191,49 +204,35 @@ class DeptStrategy(Strategy):
             else "",
         )
 
-    def global_step(self, server_round: int) -> int:
-        """Step of the global LR schedule at the start of ``server_round`` (1-based)."""
-        return (server_round - 1) * self.local_steps
-
-    def wait_for_sources(
-        self, grid: Grid, server_round: int = 0, expected: frozenset[str] = frozenset()
-    ) -> dict[str, int]:
-        """``{source: node}`` once enough nodes (and the ``expected`` sources, as far as the
-        wait allows) are there; bounded by ``wait-for-nodes-s``."""
-        return self.directory.wait(grid, server_round, self._node_failed(server_round), expected)
-
-    def _node_failed(self, server_round: int) -> Callable[[int, str], None]:
-        """Records a node that could not say what it serves (no source to name yet)."""
-
-        def record(node: int, reason: str) -> None:
-            entry = {"node": str(node), "reason": last_line(reason)}
-            self.history.at(server_round).failed.append(entry)
-
-        return record
+    def wait_for_sources(self, grid: Grid) -> dict[str, int]:
+        """``{source: node}`` once enough nodes are there, bounded by ``wait-for-nodes-s``;
+        a resumed run also waits, as far as that allows, for every source it had."""
+        expected = frozenset(self.history.sources())
+        return self.directory.wait(grid, 0, self.history, expected)
 
     def _desk(self, server_round: int) -> ReplyDesk:
-        return ReplyDesk(self.history, self.in_flight, server_round, self.directory.forget)
+        return ReplyDesk(self.history, self.in_flight, server_round)
+
+    def _close(self, desk: ReplyDesk) -> None:
+        """The exchange is over: the silent are recorded, the nodes that erred asked again."""
+        desk.missing()
+        for node in desk.erred:
+            self.directory.forget(node)
 
     def _sample(
         self, grid: Grid, server_round: int, fraction: float, minimum: int, rng: random.Random
     ) -> dict[str, int]:
-        owners = self.directory.refresh(grid, server_round, self._node_failed(server_round))
+        owners = self.directory.refresh(grid, server_round, self.history)
         if not owners:
-            owners = self.wait_for_sources(grid, server_round)
-        self._take_conflicts()
+            owners = self.directory.wait(grid, server_round, self.history)
+        self.history.conflicts.extend(self.directory.conflicts)  # nodes refused a source
+        self.directory.conflicts = []
         k = min(len(owners), max(minimum, math.floor(len(owners) * fraction)))
         chosen = sorted(rng.sample(sorted(owners), k))
         targets = {source: owners[source] for source in chosen}
         if self.vocabularies is None:
             return targets
-        known, received = self.vocabularies.ensure(grid, targets, self._desk(server_round).failed)
-        self.history.record_bytes_up(server_round, received)
-        return known
-
-    def _take_conflicts(self) -> None:
-        """Nodes refused a source since the last look, into the run's history."""
-        self.history.conflicts.extend(self.directory.conflicts)
-        self.directory.conflicts = []
+        return self.vocabularies.ensure(grid, targets, server_round, self.history)
 
     def _identify(self, config: ConfigRecord) -> None:
         """Which run and which attempt at it: a node drops state a crashed attempt left."""
@@ -275,9 +274,9 @@ class DeptStrategy(Strategy):
             grid, server_round, self.fraction_train, self.min_train_nodes, self.rng
         )
         config[keys.SERVER_ROUND] = server_round
-        config[keys.GLOBAL_STEP] = self.global_step(server_round)
+        config[keys.GLOBAL_STEP] = self.history.global_step(server_round)
         self._identify(config)
-        record = self.history.at(server_round, self.global_step(server_round))
+        record = self.history.at(server_round)
         record.sampled = len(targets)
         log.info("round %d: training %s", server_round, ", ".join(targets))
         messages, sent = self._messages(arrays, config, targets, MessageType.TRAIN)
@@ -305,7 +304,7 @@ class DeptStrategy(Strategy):
                 )
                 if arrival is not None:
                     arrivals.append(arrival)
-            desk.missing()
+            self._close(desk)
             accepted = self._screen(server_round, arrivals, desk)
             if len(accepted) < self.min_train_replies:
                 log.warning(
@@ -323,7 +322,7 @@ class DeptStrategy(Strategy):
             )
         self.outer.step(delta, frozen_rows)
         self.reference = median_stats([a.spooled.stats for a in accepted]) or self.reference
-        return ArrayRecord(self.outer.tensors()), self._credit(server_round, accepted)
+        return self.shared_tensors(), desk.credit(accepted)
 
     def _spool(self, server_round: int) -> Path:
         if self.spool_dir is None:
@@ -336,46 +335,14 @@ class DeptStrategy(Strategy):
         reach, rules = 0.0, self.defences
         if rules.reach is not None:
             max_weight = max(float(t.abs().max()) for t in self.outer.tensors().values())
-            reach = rules.reach(self.global_step(server_round), max_weight)
+            reach = rules.reach(self.history.global_step(server_round), max_weight)
         flagged = screen(
             [a.spooled.stats for a in arrivals],
             reach=reach,
             factor=rules.update_norm_factor,
             previous=self.reference,
         )
-        kept = []
-        for index, arrival in enumerate(arrivals):
-            flag = flagged.get(index)
-            if flag is None:
-                kept.append(arrival)
-            elif rules.outlier_action == "reject":
-                desk.rejected(arrival.target, flag.why)
-            else:
-                desk.clipped(arrival.target, f"{flag.why}; scaled by {flag.shrink:.3g}")
-                spooled = replace(
-                    arrival.spooled,
-                    scale=flag.shrink,
-                    stats=arrival.spooled.stats.scaled(flag.shrink),
-                )
-                kept.append(replace(arrival, spooled=spooled))
-        return kept
-
-    def _credit(self, server_round: int, accepted: list[Arrival]) -> MetricRecord:
-        """Record the accepted replies (their tokens count); the round's train metrics."""
-        weight = sum(a.spooled.weight for a in accepted)
-        loss = 0.0
-        for arrival in accepted:
-            stats = arrival.spooled.stats
-            metrics = {
-                **arrival.metrics,
-                "update_rms": stats.body_rms,
-                "update_max": stats.max_abs,
-            }
-            self.history.record_train(
-                server_round, arrival.target.source, metrics, arrival.bytes_up
-            )
-            loss += arrival.spooled.weight * arrival.metrics.get(keys.TRAIN_LOSS, math.nan)
-        return MetricRecord({keys.TRAIN_LOSS: loss / weight, keys.NUM_EXAMPLES: weight})
+        return desk.screened(arrivals, flagged, rules.outlier_action)
 
     def configure_evaluate(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
@@ -404,16 +371,25 @@ class DeptStrategy(Strategy):
             metrics = desk.check_eval(reply, target)
             if metrics is not None:
                 self.history.record_eval(server_round, target.source, metrics)
-        desk.missing()
+        self._close(desk)
         mean = self.history.mean_val_bpb(server_round)
         return None if math.isnan(mean) else MetricRecord({keys.VAL_BPB: mean})
 
 
-def _rng_state(rng: random.Random) -> list[Any]:
-    version, internal, gauss = rng.getstate()
-    return [version, list(internal), gauss]
+def _check_settings(
+    fraction_train: float, fraction_evaluate: float, local_steps: int, compression: str
+) -> None:
+    if not 0 < fraction_train <= 1:
+        raise ValueError(f"fraction_train must be in (0, 1], got {fraction_train}")
+    if not 0 <= fraction_evaluate <= 1:
+        raise ValueError(f"fraction_evaluate must be in [0, 1], got {fraction_evaluate}")
+    if local_steps < 1:
+        raise ValueError(f"local_steps must be >= 1, got {local_steps}")
+    if compression not in COMPRESSIONS:
+        raise ValueError(f"compression must be one of {COMPRESSIONS}, got {compression!r}")
 
 
 def _rng_tuple(state: list[Any]) -> tuple[Any, ...]:
+    """A ``random.Random`` state back from its JSON form (lists for tuples)."""
     version, internal, gauss = state
     return version, tuple(internal), gauss

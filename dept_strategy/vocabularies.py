@@ -9,14 +9,15 @@ kept for the rest of the run.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 
 import numpy as np
-from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, RecordDict
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message
 from flwr.serverapp import Grid
 
 from dept import keys
-from dept_strategy.inflight import InFlight, Target
+from dept_strategy.history import RunHistory
+from dept_strategy.inflight import Target
+from dept_strategy.queries import send_queries
 from dept_strategy.validation import RejectedReply, check_vocabulary, reply_source
 
 log = logging.getLogger(__name__)
@@ -47,54 +48,49 @@ class SourceVocabularies:
         return {n: (len(rows), *s[1:]) if n in row_tensors else s for n, s in shapes.items()}, rows
 
     def ensure(
-        self,
-        grid: Grid,
-        targets: dict[str, int],
-        on_failure: Callable[[Target, str], None],
-    ) -> tuple[dict[str, int], int]:
-        """``targets`` whose V_k is known (asking for missing ones), and bytes received."""
-        missing = {s: n for s, n in targets.items() if s not in self.ids}
-        received = self._ask(grid, missing, on_failure) if missing else 0
-        return {s: n for s, n in targets.items() if s in self.ids}, received
+        self, grid: Grid, targets: dict[str, int], server_round: int, history: RunHistory
+    ) -> dict[str, int]:
+        """``targets`` whose V_k is known, asking for the missing ones; a source whose node
+        cannot say goes into ``history``, as do the bytes received."""
+        missing = [Target(n, s) for s, n in targets.items() if s not in self.ids]
+        if missing:
+            self._ask(grid, missing, server_round, history)
+        return {s: n for s, n in targets.items() if s in self.ids}
 
     def _ask(
-        self, grid: Grid, targets: dict[str, int], on_failure: Callable[[Target, str], None]
-    ) -> int:
-        in_flight = InFlight()
-        messages = []
-        for source, node in targets.items():
-            config = ConfigRecord(
-                {keys.RUN_ID: self.run_id, keys.SOURCE: source, keys.REQUEST: keys.VOCABULARY}
-            )
-            message = Message(
-                RecordDict({keys.CONFIG: config}), dst_node_id=node, message_type=MessageType.QUERY
-            )
-            in_flight.track(message, Target(node, source))
-            messages.append(message)
-        replies = list(grid.send_and_receive(messages, timeout=self.timeout_s))
+        self, grid: Grid, targets: list[Target], server_round: int, history: RunHistory
+    ) -> None:
+        queries = [(t, self._request(t.source)) for t in targets]
+        replies, silent = send_queries(grid, queries, self.timeout_s)
         received = 0
-        for reply in replies:
-            target = in_flight.target_of(reply)
+        for target, reply in replies:
             if target is None:
                 continue
             if reply.has_error():
-                on_failure(target, reply.error.reason or "?")
+                history.failed(server_round, target.node, reply.error.reason or "?", target.source)
                 continue
             arrays = reply.content.array_records.get(keys.ARRAYS)
             received += arrays.count_bytes() if arrays is not None else 0
             try:
-                if reply_source(reply.content) != target.source:
-                    raise RejectedReply(f"answered for {reply_source(reply.content)!r}")
-                self.ids[target.source] = check_vocabulary(reply.content, self.num_rows)
+                self._learn(target.source, reply)
             except RejectedReply as exc:
-                on_failure(target, f"unusable vocabulary: {exc}")
-                continue
-            log.info(
-                "source %s holds %d of %d embedding rows",
-                target.source,
-                len(self.ids[target.source]),
-                self.num_rows,
-            )
-        for target in in_flight.unanswered(r.metadata.reply_to_message_id for r in replies):
-            on_failure(target, f"no vocabulary within {self.timeout_s:.0f} s")
-        return received
+                why = f"unusable vocabulary: {exc}"
+                history.failed(server_round, target.node, why, target.source)
+        for target in silent:
+            why = f"no vocabulary within {self.timeout_s:.0f} s"
+            history.failed(server_round, target.node, why, target.source)
+        history.record_bytes_up(server_round, received)
+
+    def _request(self, source: str) -> ConfigRecord:
+        return ConfigRecord(
+            {keys.RUN_ID: self.run_id, keys.SOURCE: source, keys.REQUEST: keys.VOCABULARY}
+        )
+
+    def _learn(self, source: str, reply: Message) -> None:
+        """Keep ``source``'s V_k from ``reply``, or :class:`RejectedReply` saying why not."""
+        if reply_source(reply.content) != source:
+            raise RejectedReply(f"answered for {reply_source(reply.content)!r}")
+        self.ids[source] = check_vocabulary(reply.content, self.num_rows)
+        log.info(
+            "source %s holds %d of %d embedding rows", source, len(self.ids[source]), self.num_rows
+        )

@@ -5,6 +5,7 @@ column); each round then trains, aggregates and evaluates, a line goes to ``metr
 and a checkpoint to ``checkpoints/`` before the next round starts. With ``resume`` the run
 continues after the newest good checkpoint in ``output-dir``, with the same run id (so each
 node finds its state) and the same sampling: it ends as the uninterrupted run would have.
+:func:`run_federation` returns a :class:`RunResult`: the output folder and the summary.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import shutil
 import time
 import uuid
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -50,19 +52,30 @@ RESUMABLE_CHANGES = {
 }
 
 
-def run_federation(grid: Grid, run_config: Mapping[str, Any]) -> Path:
-    """Run every round; returns the output folder. Bad config fails before any training, and
-    a second run on the same ``output-dir`` stops at once (:mod:`dept.lock`)."""
+@dataclass(frozen=True)
+class RunResult:
+    """What a finished run hands back: where its files are, and its summary."""
+
+    out_dir: Path
+    # the content of out_dir/summary.json (a missing or non-finite number is None)
+    summary: dict[str, Any]
+
+
+def run_federation(grid: Grid, run_config: Mapping[str, Any]) -> RunResult:
+    """Run every round; returns the output folder and the run's summary. Bad config fails
+    before any training, and a second run on the same ``output-dir`` stops at once
+    (:mod:`dept.lock`)."""
     cfg = load_config(run_config)
     declared = {s.name for s in run_sources(cfg)}  # parses and validates the sources file
     check_server_fits(cfg, shared_vocab_size(cfg), Device.here("cpu").memory)
     out_dir = resolve_path(cfg.output_dir)
     with exclusive_folder(out_dir):
-        _run_rounds(grid, cfg, out_dir, declared)
-    return out_dir
+        summary = _run_rounds(grid, cfg, out_dir, declared)
+    return RunResult(out_dir, summary)
 
 
-def _run_rounds(grid: Grid, cfg: DeptConfig, out_dir: Path, declared: set[str]) -> None:
+def _run_rounds(grid: Grid, cfg: DeptConfig, out_dir: Path, declared: set[str]) -> dict[str, Any]:
+    """The rounds from the start (or after the checkpoint resumed); the run's summary."""
     log.info(
         "DEPT %s: model %s, %d rounds x %d local steps; output in %s",
         cfg.variant,
@@ -77,31 +90,28 @@ def _run_rounds(grid: Grid, cfg: DeptConfig, out_dir: Path, declared: set[str]) 
     else:
         strategy, checkpoint = _build_strategy(cfg, uuid.uuid4().hex[:12]), None
     strategy.summary()
-    resumed_sources = frozenset(strategy.history.sources()) if checkpoint else frozenset()
-    owners = strategy.wait_for_sources(grid, expected=resumed_sources)  # nodes check their data
+    owners = strategy.wait_for_sources(grid)  # the nodes check their data first
     log.info("%d sources take part: %s", len(owners), ", ".join(sorted(owners)))
     if cfg.sources_file and (missing := sorted(declared - owners.keys())):
         log.warning("no node serves %s yet; a source joins when its node does", ", ".join(missing))
     report = RunReport(out_dir, cfg, strategy.run_id, strategy.history if checkpoint else None)
     done = checkpoint.server_round if checkpoint else -1
-    started = time.monotonic() - (strategy.history.rounds[done].wall_s if checkpoint else 0.0)
-    shared = ArrayRecord(strategy.outer.tensors())  # serialised once per round, sent to all
+    started = time.monotonic() - strategy.elapsed_s()  # a resumed run's clock goes on
+    shared = strategy.shared_tensors()  # serialised once per round, sent to all
     for server_round in range(done + 1, cfg.num_server_rounds + 1):
         if server_round > 0:
             shared = _train(grid, strategy, cfg, server_round, shared)
-        if server_round == 1 and not strategy.history.rounds[1].train:
-            reasons = {f["reason"] for f in strategy.history.rounds[1].failed}
-            reasons |= {r["reason"] for r in strategy.history.rounds[1].rejected}
-            raise RuntimeError(f"no source could train in round 1: {'; '.join(sorted(reasons))}")
+        if server_round == 1 and (why := strategy.why_nothing_trained(1)) is not None:
+            raise RuntimeError(f"no source could train in round 1: {why}")
         _evaluate(grid, strategy, cfg, server_round, shared)
-        report.round_done(strategy.history, server_round, time.monotonic() - started)
+        strategy.round_ended(server_round, time.monotonic() - started)
+        report.round_done(strategy.history, server_round)
         tensors, state = strategy.state_dict()
         save_checkpoint(
             out_dir, server_round, tensors, {"run_config": to_run_config(cfg), "strategy": state}
         )
-    final = strategy.outer.tensors()
-    embeddings = {n: final.pop(n) for n in strategy.embedding_names}
-    report.finish(strategy.history, final, time.monotonic() - started, embeddings)
+    body, embeddings = strategy.final_model()
+    return report.finish(strategy.history, body, time.monotonic() - started, embeddings)
 
 
 def _resume(cfg: DeptConfig, out_dir: Path) -> tuple[DeptStrategy, Checkpoint]:
@@ -112,7 +122,7 @@ def _resume(cfg: DeptConfig, out_dir: Path) -> tuple[DeptStrategy, Checkpoint]:
     def restore(checkpoint: Checkpoint) -> None:
         _check_same_run(cfg, checkpoint.state["run_config"])
         strategy = _build_strategy(cfg, str(checkpoint.state["strategy"]["run_id"]))
-        strategy.load_state_dict(checkpoint.tensors, checkpoint.state["strategy"])
+        strategy.resume(checkpoint.tensors, checkpoint.state["strategy"], checkpoint.server_round)
         restored.append(strategy)
 
     checkpoint = load_latest(out_dir, restore)
@@ -122,7 +132,6 @@ def _resume(cfg: DeptConfig, out_dir: Path) -> tuple[DeptStrategy, Checkpoint]:
             "(set 'output-dir' to the interrupted run's folder)"
         )
     strategy = restored[-1]
-    strategy.resumed_after = checkpoint.server_round
     log.info(
         "resuming run %s after round %d (%s)",
         strategy.run_id,

@@ -4,6 +4,10 @@ Files in ``output-dir``: ``config.json`` (the validated config), ``metrics.jsonl
 object per round, written as the round ends), ``metrics.csv`` (one row per round and
 source), ``summary.json``, ``body.safetensors`` (θ), ``embeddings.safetensors`` (the
 global φ, GLOB and TRIM only) and ``val_bpb.png``.
+
+Everything is read from the strategy's :class:`~dept_strategy.history.RunHistory`, which the
+report never changes: a round's ``global_step`` there is the step at the start of its
+training, its ``wall_s`` the run's wall time when it ended.
 """
 
 from __future__ import annotations
@@ -40,7 +44,8 @@ RUN_FILES = (
 
 
 class RunReport:
-    """Writes a run's outputs as it goes; :meth:`finish` adds the summary and the table."""
+    """Writes a run's outputs as it goes; :meth:`finish` adds the summary and the table.
+    It only reads the history it is given."""
 
     def __init__(
         self, out_dir: Path, cfg: DeptConfig, run_id: str, resumed: RunHistory | None = None
@@ -58,8 +63,9 @@ class RunReport:
         )
         self.metrics_path.write_text("".join(lines))
 
-    def round_done(self, history: RunHistory, server_round: int, wall_s: float) -> None:
-        history.at(server_round).wall_s = wall_s
+    def round_done(self, history: RunHistory, server_round: int) -> None:
+        """Append the line of ``server_round`` (ended, its wall time noted) and log it."""
+        wall_s = history.rounds[server_round].wall_s
         line = history.round_json(server_round)
         with self.metrics_path.open("a") as f:
             f.write(dumps(line) + "\n")
@@ -83,6 +89,8 @@ class RunReport:
         wall_s: float,
         embeddings: dict[str, torch.Tensor] | None = None,
     ) -> dict[str, Any]:
+        """Write the summary, the final model, the table and the plot; returns the summary
+        as ``summary.json`` holds it (a missing or non-finite number is None)."""
         summary = {"run_id": self.run_id, **build_summary(history, self.cfg, wall_s)}
         (self.out_dir / "summary.json").write_text(dumps(summary, indent=2))
         save_file(
@@ -106,7 +114,7 @@ class RunReport:
                 self.out_dir / "summary.json",
             )
         log.info("outputs written to %s", self.out_dir)
-        return summary
+        return _finite(summary)
 
     def _write_csv(self, history: RunHistory) -> None:
         with (self.out_dir / "metrics.csv").open("w", newline="") as f:

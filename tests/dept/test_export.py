@@ -33,7 +33,7 @@ def _finished_run(tmp_path: Path, variant: str, model: str = "debug") -> Path:
         **{"sources-file": str(sources), "num-server-rounds": 1, "global-vocab-size": 600},
     )
     nodes = [{"partition-id": i, "num-partitions": 2} for i in range(2)]
-    return run_federation(LocalGrid(client_app, nodes, config), config)
+    return run_federation(LocalGrid(client_app, nodes, config), config).out_dir
 
 
 def _generate(folder: Path, prompt: str) -> str:

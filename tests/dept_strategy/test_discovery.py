@@ -9,6 +9,7 @@ from flwr.proto.node_pb2 import NodeInfo
 
 from dept.config import ConfigError
 from dept_strategy.discovery import NotEnoughNodes, SourceDirectory
+from dept_strategy.history import RunHistory
 from dept_strategy.identity import load_source_keys
 from server_app.local_grid import LocalGrid
 from tests.helpers import directory_app
@@ -30,11 +31,17 @@ def _directory(wait_s: float) -> SourceDirectory:
     return SourceDirectory(run_id="r", min_nodes=0, wait_s=wait_s, query_timeout_s=5)
 
 
+def _history() -> RunHistory:
+    """Where the directory writes down the nodes that cannot say what they serve."""
+    return RunHistory(body_params=0, local_steps=1)
+
+
 def test_a_bad_first_node_does_not_end_the_wait_for_a_good_one() -> None:
     grid = ArrivingGrid(directory_app({2: ["de"]}), delay=1.5)
-    failures: list[tuple[int, str]] = []
-    owners = _directory(wait_s=30).wait(grid, 0, lambda n, r: failures.append((n, r)))
-    assert owners == {"de": 2} and failures[0][0] == 1
+    history = _history()
+    owners = _directory(wait_s=30).wait(grid, 0, history)
+    assert owners == {"de": 2}
+    assert history.rounds[0].failed == [{"node": "1", "reason": "ConfigError: source 'x': no data"}]
 
 
 def test_gives_up_early_with_every_reason_when_no_node_can_serve() -> None:
@@ -43,7 +50,7 @@ def test_gives_up_early_with_every_reason_when_no_node_can_serve() -> None:
     with pytest.raises(
         NotEnoughNodes, match=r"no connected node can serve a source: node 1: .*no data"
     ):
-        _directory(wait_s=2).wait(grid, 0, lambda n, r: None)
+        _directory(wait_s=2).wait(grid, 0, _history())
     assert time.monotonic() - started < 10
 
 
@@ -51,11 +58,11 @@ def test_a_forgotten_node_is_asked_again_next_round() -> None:
     served = {1: ["de"]}
     grid = LocalGrid(directory_app(served), [{}], {})
     directory = _directory(wait_s=2)
-    assert directory.refresh(grid, 1, lambda n, r: None) == {"de": 1}
+    assert directory.refresh(grid, 1, _history()) == {"de": 1}
     served[1] = ["fr"]  # the node restarted with other data
-    assert directory.refresh(grid, 2, lambda n, r: None) == {"de": 1}, "known nodes are not asked"
+    assert directory.refresh(grid, 2, _history()) == {"de": 1}, "known nodes are not asked"
     directory.forget(1)
-    assert directory.refresh(grid, 2, lambda n, r: None) == {"fr": 1}
+    assert directory.refresh(grid, 2, _history()) == {"fr": 1}
 
 
 class KeyedGrid(LocalGrid):
@@ -87,14 +94,14 @@ def _key_pair() -> tuple[bytes, str]:
 def test_the_first_node_keeps_a_source_and_a_second_claimant_is_refused() -> None:
     grid = KeyedGrid(directory_app({1: ["de"], 2: ["de"]}), {1: b"", 2: b""})
     directory = _directory(wait_s=2)
-    assert directory.refresh(grid, 1, lambda n, r: None) == {"de": 1}
+    assert directory.refresh(grid, 1, _history()) == {"de": 1}
     [conflict] = directory.conflicts
     assert conflict["refused_node"] == "2" and conflict["kept_node"] == "1"
     assert conflict["reason"] == "node 1 serves it already"
-    assert directory.refresh(grid, 2, lambda n, r: None) == {"de": 1}
+    assert directory.refresh(grid, 2, _history()) == {"de": 1}
     assert len(directory.conflicts) == 1, "a conflict is reported once"
     grid.connected = {2}  # the first node is gone: the other may take the source over
-    assert directory.refresh(grid, 3, lambda n, r: None) == {"de": 2}
+    assert directory.refresh(grid, 3, _history()) == {"de": 2}
 
 
 def test_a_pinned_source_is_served_only_by_the_node_with_its_key(tmp_path: Path) -> None:
@@ -110,7 +117,7 @@ def test_a_pinned_source_is_served_only_by_the_node_with_its_key(tmp_path: Path)
         run_id="r", min_nodes=0, wait_s=2, query_timeout_s=5, pinned=load_source_keys(pins)
     )
     # Execute
-    owners = directory.refresh(grid, 1, lambda n, r: None)
+    owners = directory.refresh(grid, 1, _history())
     # Assert
     assert owners == {"de": 2}
     refused = {c["refused_node"]: c["reason"] for c in directory.conflicts}
@@ -134,16 +141,16 @@ def test_a_node_restarted_under_a_new_id_takes_its_source_back() -> None:
     grid = KeyedGrid(directory_app({1: ["de"], 2: ["de"]}), {1: pem, 2: pem})
     grid.connected = {1}
     directory = _directory(wait_s=2)
-    assert directory.refresh(grid, 1, lambda n, r: None) == {"de": 1}
+    assert directory.refresh(grid, 1, _history()) == {"de": 1}
     grid.connected = {1, 2}  # node 2 is node 1 restarted; its old id is still listed
-    assert directory.refresh(grid, 2, lambda n, r: None) == {"de": 2}
-    assert directory.refresh(grid, 3, lambda n, r: None) == {"de": 2}, "it stays there"
+    assert directory.refresh(grid, 2, _history()) == {"de": 2}
+    assert directory.refresh(grid, 3, _history()) == {"de": 2}, "it stays there"
     assert directory.conflicts == []
 
 
 def test_nodes_with_random_bytes_for_keys_as_in_simulation(tmp_path: Path) -> None:
     grid = KeyedGrid(directory_app({1: ["de"], 2: ["fr"]}), {1: os.urandom(32), 2: os.urandom(32)})
-    assert _directory(wait_s=2).refresh(grid, 1, lambda n, r: None) == {"de": 1, "fr": 2}
+    assert _directory(wait_s=2).refresh(grid, 1, _history()) == {"de": 1, "fr": 2}
     _, own_ssh = _key_pair()
     (tmp_path / "pins.yaml").write_text(f"de: {own_ssh}\n")
     pinned = SourceDirectory(
@@ -153,5 +160,5 @@ def test_nodes_with_random_bytes_for_keys_as_in_simulation(tmp_path: Path) -> No
         query_timeout_s=5,
         pinned=load_source_keys(tmp_path / "pins.yaml"),
     )
-    assert pinned.refresh(grid, 1, lambda n, r: None) == {"fr": 2}
+    assert pinned.refresh(grid, 1, _history()) == {"fr": 2}
     assert "its key (SHA256:" in pinned.conflicts[0]["reason"]

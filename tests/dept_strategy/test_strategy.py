@@ -340,6 +340,43 @@ def test_trim_asks_each_vocabulary_once_and_sends_only_those_rows() -> None:
     assert strategy.history.comm.bytes_down == sent < 2 * 2 * shared.count_bytes()
 
 
+def _query_app(failing: str):
+    """Node 1 serves ``a``; node 2 fails its discovery query, or serves ``b`` and fails
+    the query for b's vocabulary."""
+    discovery = directory_app({1: ["a"], 2: ["b"]} if failing == "vocabulary" else {1: ["a"]})
+
+    def app(msg: Message, context) -> Message:
+        config = msg.content.config_records[keys.CONFIG]
+        if config.get(keys.REQUEST) != keys.VOCABULARY:
+            return discovery(msg, context)
+        if config[keys.SOURCE] == "b":
+            return Message(Error(code=2, reason="Traceback...\nOSError: no corpus"), reply_to=msg)
+        arrays = ArrayRecord({keys.EMBEDDING_IDS: Array(np.asarray([0, 2]))})
+        info = ConfigRecord({keys.SOURCE: config[keys.SOURCE]})
+        return Message(RecordDict({keys.ARRAYS: arrays, keys.INFO: info}), reply_to=msg)
+
+    return app
+
+
+@pytest.mark.parametrize(
+    ("failing", "failure"),
+    [
+        ("discovery", {"node": "2", "reason": "ConfigError: source 'x': no data"}),
+        ("vocabulary", {"node": "2", "source": "b", "reason": "OSError: no corpus"}),
+    ],
+)
+def test_a_round_whose_queries_fail_still_has_its_global_step(failing: str, failure: dict) -> None:
+    # Prepare: the failed query is the first thing that happens in round 3 (TRIM)
+    grid = LocalGrid(_query_app(failing), [{}] * 2, {})
+    strategy = _shared_strategy(trim=True)
+    # Execute
+    [message] = strategy.configure_train(3, strategy.shared_tensors(), ConfigRecord(), grid)
+    # Assert: the row has the step the clients were sent, the start of round 3's training
+    row = strategy.history.round_json(3)
+    assert row["global_step"] == message.content[keys.CONFIG][keys.GLOBAL_STEP] == 2 * 5
+    assert row["failed"] == [failure] and row["sampled"] == 1
+
+
 def test_compressed_replies_are_decoded_and_malformed_ones_rejected() -> None:
     # Prepare: Δ = 1 for "a", 2 for "b", sent as int8 codes with their block scales
     strategy = _strategy(compression="int8")

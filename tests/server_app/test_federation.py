@@ -55,9 +55,10 @@ def test_federation_lowers_bpb_and_keeps_embeddings_home(tmp_path: Path) -> None
         client_app, [{"partition-id": i, "num-partitions": 3} for i in range(3)], run_config
     )
 
-    out = run_federation(grid, run_config)
+    result = run_federation(grid, run_config)
 
-    summary = json.loads((out / "summary.json").read_text())
+    out, summary = result.out_dir, result.summary
+    assert summary == json.loads((out / "summary.json").read_text()), "what it wrote"
     body_keys = set(body_state(build_model("debug", 300, 64)))
     assert summary["avg_val_bpb"] < summary["initial_avg_val_bpb"]
     for name, source in summary["sources"].items():
@@ -111,7 +112,7 @@ def test_bad_clients_are_dropped_and_the_run_goes_on(tmp_path: Path) -> None:
     ]
     grid = LocalGrid(_nan_for_node(2), nodes, run_config)
 
-    out = run_federation(grid, run_config)
+    out = run_federation(grid, run_config).out_dir
 
     summary = json.loads((out / "summary.json").read_text())
     round_1 = json.loads((out / "metrics.jsonl").read_text().splitlines()[1])
@@ -143,8 +144,7 @@ def _shared_run(tmp_path: Path, variant: str, **overrides: object) -> tuple[dict
     )
     nodes = [{"partition-id": i, "num-partitions": 2} for i in range(2)]
     grid = RecordingGrid(client_app, nodes, run_config)
-    out = run_federation(grid, run_config)
-    return json.loads((out / "summary.json").read_text()), grid
+    return run_federation(grid, run_config).summary, grid
 
 
 def test_glob_and_trim_share_embeddings_and_trim_sends_fewer_rows(tmp_path: Path) -> None:

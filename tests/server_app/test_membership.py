@@ -71,7 +71,7 @@ def test_a_source_joins_and_a_node_returns_with_its_embeddings(
     clients = logging.getLogger("dept.source_client")  # not propagated: Flower's handlers
     clients.addHandler(caplog.handler)
     try:
-        out = run_federation(grid, run_config)
+        out = run_federation(grid, run_config).out_dir
     finally:
         clients.removeHandler(caplog.handler)
 
@@ -117,7 +117,7 @@ def test_a_source_whose_state_is_lost_says_so_in_the_summary(tmp_path: Path) -> 
     nodes = script_nodes(tmp_path, SCRIPTS[:2])
     grid = ForgetfulGrid(client_app, nodes, run_config, state=tmp_path / "state")
 
-    out = run_federation(grid, run_config)
+    out = run_federation(grid, run_config).out_dir
 
     summary = json.loads((out / "summary.json").read_text())
     [event] = [p for p in summary["problems"] if p["kind"] == "state"]

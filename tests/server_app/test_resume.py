@@ -97,7 +97,7 @@ def test_a_killed_run_resumes_to_the_uninterrupted_result(
     # Prepare: the reference, uninterrupted
     reference = _config(tmp_path, "reference", **settings)
     expected_bpb, expected_body = _final(
-        run_federation(LocalGrid(client_app, NODES, reference), reference)
+        run_federation(LocalGrid(client_app, NODES, reference), reference).out_dir
     )
     # Execute: killed after the clients trained round 3, before its checkpoint
     interrupted = _config(tmp_path, "interrupted", **settings)

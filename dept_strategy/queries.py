@@ -1,0 +1,33 @@
+"""One exchange of ``query`` messages: one to each target, the replies credited, the silent
+named. Discovery (:mod:`dept_strategy.discovery`) and TRIM's vocabularies
+(:mod:`dept_strategy.vocabularies`) both ask their nodes this way.
+"""
+
+from __future__ import annotations
+
+from flwr.app import ConfigRecord, Message, MessageType, RecordDict
+from flwr.serverapp import Grid
+
+from dept import keys
+from dept_strategy.inflight import InFlight, Target
+
+
+def send_queries(
+    grid: Grid, queries: list[tuple[Target, ConfigRecord]], timeout_s: float
+) -> tuple[list[tuple[Target | None, Message]], list[Target]]:
+    """Send each ``(target, config)`` as a query to its node and wait up to ``timeout_s``:
+    ``(replies, silent)``, each reply with the target its message was for (None for a reply
+    to none of them), and the targets that got no reply."""
+    in_flight = InFlight()  # credits a reply the SuperLink made (node gone) to its node
+    messages = []
+    for target, config in queries:
+        message = Message(
+            RecordDict({keys.CONFIG: config}),
+            dst_node_id=target.node,
+            message_type=MessageType.QUERY,
+        )
+        in_flight.track(message, target)
+        messages.append(message)
+    replies = list(grid.send_and_receive(messages, timeout=timeout_s))
+    credited = [(in_flight.target_of(reply), reply) for reply in replies]
+    return credited, in_flight.unanswered(r.metadata.reply_to_message_id for r in replies)
