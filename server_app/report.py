@@ -28,6 +28,8 @@ from safetensors.torch import save_file
 
 from dept import keys
 from dept.config import DeptConfig, to_run_config
+from dept.model import position_count
+from dept.variants import variant
 from dept_strategy.history import RunHistory
 
 log = logging.getLogger(__name__)
@@ -234,7 +236,7 @@ def build_summary(history: RunHistory, cfg: DeptConfig, wall_s: float) -> dict[s
         "model": cfg.model,
         "rounds": max((r for r in history.rounds if history.rounds[r].train), default=0),
         "local_steps": cfg.local_steps,
-        "body_params": history.body_params,
+        **_parameters_where_they_live(history, cfg),
         "sources": sources,
         # Averages over the sources measured both before and after, so they compare alike.
         "avg_val_bpb": _mean(s["val_bpb"] for s in paired),
@@ -244,6 +246,18 @@ def build_summary(history: RunHistory, cfg: DeptConfig, wall_s: float) -> dict[s
         "failed_replies": sum(len(r.failed) for r in history.rounds.values()),
         "problems": history.problems(),
         "wall_s": round(wall_s, 2),
+    }
+
+
+def _parameters_where_they_live(history: RunHistory, cfg: DeptConfig) -> dict[str, Any]:
+    """θ's size, and ψ's with where it lives: shared (with θ, through the server) or kept by
+    each source (counted in its ``embedding_params``). Models without learned positions
+    have a ψ of 0."""
+    positions = position_count(cfg.model, cfg.seq_len)
+    shared = variant(cfg.variant).shares_positions
+    return {
+        "body_params": history.body_params - (positions if shared else 0),
+        "positions": {"params": positions, "where": "shared" if shared else "each source"},
     }
 
 

@@ -3,7 +3,6 @@ SPEC-OPT keeps each source's ψ_k on its node, GLOB shares and aggregates ψ; bo
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -50,8 +49,8 @@ def _run(tmp_path: Path, variant: str) -> tuple[Path, dict, SentKeys]:
     )
     nodes = [{"partition-id": i, "num-partitions": 2} for i in range(2)]
     grid = SentKeys(client_app, nodes, config)
-    out = run_federation(grid, config)
-    return out, json.loads((out / "summary.json").read_text()), grid
+    result = run_federation(grid, config)
+    return result.out_dir, result.summary, grid
 
 
 def _learned(summary: dict) -> None:
