@@ -1,1 +1,2 @@
-"""Benchmark scripts; importable so the tests can drive them."""
+"""Benchmark scripts, run from the checkout's root as ``python -m benchmarks.<name>``;
+importable so the tests can drive them."""

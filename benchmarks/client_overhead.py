@@ -1,6 +1,6 @@
 """Does Flower cost a client training speed? Its tokens/s against a bare PyTorch loop.
 
-    python benchmarks/client_overhead.py
+    python -m benchmarks.client_overhead
 
 Three arms on one source, same model build, same AdamW, same batch shapes, same number of
 steps, same torch thread count (``--threads``, 1 as a Ray actor with one CPU gets),
@@ -31,18 +31,13 @@ import argparse
 import json
 import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
-if __package__ in (None, ""):  # run as a script: make the checkout's packages importable
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, RecordDict
 
-from benchmarks.compare import in_process_grid
 from benchmarks.measure import (
     common_arguments,
     corpora_run_config,
@@ -61,6 +56,7 @@ from dept.source_client import SourceClient
 from dept.sources import run_sources
 from dept.train import make_inner_optimizer, next_token_loss
 from dept.workspace import Workspace
+from dept_cli.in_process import in_process_grid
 from server_app.launch import _superlink_running, build_command, stop_local_superlink
 
 PROJECT = Path(__file__).resolve().parents[1]

@@ -1,6 +1,6 @@
 """Bytes a round really moves, against what the shared tensors weigh, for every variant.
 
-    python benchmarks/communication.py
+    python -m benchmarks.communication
 
 Runs one training round of each variant (and each ``compression`` the app offers) through
 the real ServerApp and ClientApp in process and counts, per client and direction:
@@ -23,17 +23,11 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import sys
 from dataclasses import fields
-from pathlib import Path
 from typing import Any
-
-if __package__ in (None, ""):  # run as a script: make the checkout's packages importable
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch
 
-from benchmarks.compare import FEDERATED
 from benchmarks.measure import (
     common_arguments,
     corpora_run_config,
@@ -45,7 +39,7 @@ from benchmarks.timed_grid import timed_federation
 from dept.config import DeptConfig, load_config
 from dept.model import model_width
 from dept.sharing import initial_tensors
-from dept.variants import variant
+from dept.variants import VARIANTS, variant
 
 TARGET = 1.02
 FLOAT32 = 4
@@ -204,7 +198,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sources", default="en-shakespeare,de-novels")
     parser.add_argument("--model", default="tiny")
-    parser.add_argument("--variants", type=lambda s: s.split(","), default=list(FEDERATED))
+    parser.add_argument("--variants", type=lambda s: s.split(","), default=list(VARIANTS))
     parser.add_argument("--compressions", type=lambda s: s.split(","), default=list(compressions()))
     parser.add_argument("--local-steps", type=int, default=2, help="bytes do not depend on it")
     parser.add_argument("--ddp-steps", type=int, default=25, help="local steps DDP would sync")

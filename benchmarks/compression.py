@@ -1,11 +1,11 @@
 """Pseudo-gradient compression: bytes sent up against bits per byte, on the same run.
 
-    python benchmarks/compression.py
+    python -m benchmarks.compression
 
 runs one federation per setting — compression ``none``, ``fp16``, ``int8`` and ``int8``
 without error feedback — with everything else equal (sources, seed, model, schedule,
 variant), through the real ServerApp and ClientApp in process
-(:func:`benchmarks.compare.federate_in_process`), one after another in this process. Bytes
+(:func:`dept_cli.in_process.federate_in_process`), one after another in this process. Bytes
 are what the replies' ArrayRecords hold (``summary.json`` ``comm``). Writes
 ``compression.md`` (the tables), ``compression.json`` (the same numbers, per round) and
 ``compression.png`` (average bits per byte per round) to ``--out``. ``--quick`` is a
@@ -23,13 +23,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-if __package__ in (None, ""):  # run as a script: make the checkout's packages importable
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from benchmarks.compare import federate_in_process
-from benchmarks.cpt import write_sources
 from dept.config import DeptConfig, load_config, resolve_path, to_run_config
-from dept.sources import SourceSpec, check_source_paths, load_sources
+from dept.sources import SourceSpec, check_source_paths, load_sources, write_sources
+from dept_cli.in_process import federate_in_process
 from server_app.report import dumps
 
 log = logging.getLogger("compression")
@@ -205,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{results[-1]['avg_val_bpb']:.4f} ({results[-1]['wall_s']:.0f} s)",
             flush=True,
         )
-    command = "python benchmarks/compression.py " + " ".join(
+    command = "python -m benchmarks.compression " + " ".join(
         argv if argv is not None else sys.argv[1:]
     )
     table = markdown(results, base, command.strip())

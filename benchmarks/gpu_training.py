@@ -1,7 +1,7 @@
 """How well does a client's training use a GPU? Tokens/s and model FLOPs utilisation (MFU).
 
-    python benchmarks/gpu_training.py                # 125m, bf16, fused AdamW, flash SDPA
-    python benchmarks/gpu_training.py --compile      # the same under torch.compile
+    python -m benchmarks.gpu_training                # 125m, bf16, fused AdamW, flash SDPA
+    python -m benchmarks.gpu_training --compile      # the same under torch.compile
 
 Trains the project's model (``dept.model.build_model``) with the client's own pieces:
 ``make_inner_optimizer`` (fused AdamW on CUDA), ``autocast`` (bf16 on CUDA) and
@@ -20,13 +20,9 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import sys
 import time
 from pathlib import Path
 from typing import Any
-
-if __package__ in (None, ""):  # run as a script: make the checkout's packages importable
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch
 

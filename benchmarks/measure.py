@@ -110,9 +110,8 @@ def write_outputs(out: Path, name: str, result: dict[str, Any], rows: list[dict[
 def corpora_run_config(names: Sequence[str], work: Path, **overrides: Any) -> dict[str, Any]:
     """A run config over the named sources of ``benchmarks/corpora.yaml`` (read in place),
     state and outputs under ``work``; ``overrides`` in kebab-case, e.g. ``local_steps``."""
-    from benchmarks.cpt import write_sources
     from dept.config import DeptConfig, kebab, load_config, to_run_config
-    from dept.sources import load_sources
+    from dept.sources import load_sources, write_sources
 
     known = {s.name: s for s in load_sources(CORPORA)}
     unknown = sorted(set(names) - known.keys())

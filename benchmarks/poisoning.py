@@ -1,6 +1,6 @@
 """One bad node against the body: poisoned pseudo-gradients, refused and named, or not.
 
-    python benchmarks/poisoning.py
+    python -m benchmarks.poisoning
 
 runs the same federation (four sources, the built-in default: the Python standard library
 and three synthetic languages) once honestly and once per attack, in which one source's node
@@ -19,7 +19,7 @@ Updates caught as too large are clipped to the round's median size (the default
 ``outlier-action``); ``x1e6/reject`` drops them instead, for comparison.
 
 Every run goes through the real ServerApp and ClientApp in process
-(:func:`benchmarks.compare.federate_in_process`). The table has each run's average validation
+(:func:`dept_cli.in_process.federate_in_process`). The table has each run's average validation
 bits per byte (all four sources, and the three honest ones), its change against the honest
 run with the same combination rule, and what ``summary.json`` says of the culprit.
 Writes ``poisoning.json``/``.csv``/``.txt`` to ``--out``.
@@ -31,25 +31,21 @@ import argparse
 import json
 import math
 import shutil
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-if __package__ in (None, ""):  # run as a script: make the checkout's packages importable
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 import numpy as np
 import torch
 from flwr.app import Array, Context, Message, MessageType
 
-from benchmarks.compare import federate_in_process, in_process_grid
 from benchmarks.measure import common_arguments, print_table, result_header, write_outputs
 from dept import keys
 from dept.compression import SCALE_SUFFIX
 from dept.config import DeptConfig, load_config, resolve_path, to_run_config
+from dept_cli.in_process import federate_in_process, in_process_grid
 
 Tamper = Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]  # payload -> what is sent
 GROSS = ("x1e3", "x1e6", "to-max", "saturated", "int8-scale", "fp16-max")  # caught every round

@@ -1,6 +1,6 @@
 """How much of a round is training? A round's wall time against its clients' training time.
 
-    python benchmarks/round_overhead.py
+    python -m benchmarks.round_overhead
 
 Runs the real ServerApp and ClientApp code in process (one node per source, each source
 trained and evaluated every round, the app's default local steps) through a grid that times
@@ -25,16 +25,11 @@ import argparse
 import cProfile
 import json
 import pstats
-import sys
 from pathlib import Path
 from typing import Any
 
-if __package__ in (None, ""):  # run as a script: make the checkout's packages importable
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 import torch
 
-from benchmarks.compare import federate_in_process
 from benchmarks.measure import (
     common_arguments,
     corpora_run_config,
@@ -44,6 +39,7 @@ from benchmarks.measure import (
 )
 from benchmarks.timed_grid import timed_federation
 from dept import keys
+from dept_cli.in_process import federate_in_process
 
 TARGET = 0.10
 DEFAULT_SOURCES = "en-shakespeare,de-novels,ru-chekhov"

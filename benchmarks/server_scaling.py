@@ -1,6 +1,6 @@
 """Does the server's aggregation scale? Time and peak memory against body size and replies.
 
-    python benchmarks/server_scaling.py
+    python -m benchmarks.server_scaling
 
 Bodies are synthetic float32 tensors shaped like a Llama body (per layer: q, k, v, o, gate,
 up, down and two norms) of about ``--sizes`` parameters; replies are the real
@@ -25,7 +25,6 @@ import argparse
 import gc
 import math
 import resource
-import sys
 import time
 import uuid
 from collections.abc import Iterable, Iterator
@@ -33,9 +32,6 @@ from concurrent.futures import ProcessPoolExecutor
 from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
-
-if __package__ in (None, ""):  # run as a script: make the checkout's packages importable
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict

@@ -36,6 +36,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+from dept.cli_help import HelpFormatter
+
 DEFAULT_NAMES = ("localhost", "127.0.0.1", "::1", "superlink")
 VALID_DAYS = 365
 SECRET_FILE = "superexec.secret"
@@ -170,10 +172,18 @@ def write_private(path: Path, data: bytes) -> None:
         f.write(data)
 
 
+EXAMPLES = """examples:
+  dept certs ~/dept-certs --name superlink.example.org --supernodes de-novels,ru-chekhov
+  dept certs docker/certs --name superlink --name gateway --name 127.0.0.1 --supernodes node-1
+"""
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="dept-certs",
+        prog="dept certs",
         description="Make the TLS certificates and SuperNode authentication keys of a deployment.",
+        epilog=EXAMPLES,
+        formatter_class=HelpFormatter,
     )
     parser.add_argument("out", type=Path, help="folder to write into (created if missing)")
     parser.add_argument(
@@ -196,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
             args.out, args.names or list(DEFAULT_NAMES), supernodes, force=args.force
         )
     except (FileExistsError, ValueError) as exc:
-        print(f"dept-certs: {exc}", file=sys.stderr)
+        print(f"{parser.prog}: {exc}", file=sys.stderr)
         return 2
     for path in written:
         print(path)

@@ -26,6 +26,7 @@ import torch
 from safetensors.torch import load_file
 from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerFast
 
+from dept.cli_help import HelpFormatter
 from dept.config import ConfigError, DeptConfig, load_config, resolve_path
 from dept.model import (
     body_parameters,
@@ -217,8 +218,19 @@ def _save(
     )
 
 
+EXAMPLES = """examples:
+  dept export outputs/dept --source de-novels --out models/de-novels   # any variant
+  dept export outputs/dept --global --out models/global                # glob, trim
+"""
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Export a finished DEPT run for transformers.")
+    parser = argparse.ArgumentParser(
+        prog="dept export",
+        description="Export a finished DEPT run as Hugging Face model folders that load offline.",
+        epilog=EXAMPLES,
+        formatter_class=HelpFormatter,
+    )
     parser.add_argument("run_dir", type=Path, help="the run's output-dir")
     which = parser.add_mutually_exclusive_group(required=True)
     which.add_argument("--source", help="export this source's model")
@@ -253,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
                 global_tokenizer_file=args.global_tokenizer,
             )
     except (ValueError, OSError) as exc:  # ConfigError is a ValueError
-        parser.exit(2, f"dept-export: {exc}\n")
+        parser.exit(2, f"{parser.prog}: {exc}\n")
     print(f"wrote {out}")
     return 0
 

@@ -18,13 +18,20 @@ Relative ``path`` values resolve against the folder of the sources file.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from dept.config import MAX_VOCAB_SIZE, ConfigError, DeptConfig, build_structured, resolve_path
+from dept.config import (
+    MAX_VOCAB_SIZE,
+    ConfigError,
+    DeptConfig,
+    build_structured,
+    kebab,
+    resolve_path,
+)
 from dept.text_checks import decode_error_text, file_problem, one_line
 from dept.vocab import MIN_VOCAB_SIZE
 
@@ -127,6 +134,12 @@ def load_sources(sources_file: Path | None) -> list[SourceSpec]:
     if duplicates:
         raise ConfigError(f"{where}: duplicate names {', '.join(duplicates)}")
     return specs
+
+
+def write_sources(path: Path, specs: list[SourceSpec]) -> None:
+    """A sources file listing ``specs`` that :func:`load_sources` reads back as they are (a
+    subset of a run's sources, for a run of its own: their local paths are already absolute)."""
+    path.write_text(yaml.safe_dump([{kebab(k): v for k, v in asdict(s).items()} for s in specs]))
 
 
 def _read_yaml(path: Path) -> Any:

@@ -20,6 +20,7 @@ COPY dept ./dept
 COPY dept_strategy ./dept_strategy
 COPY server_app ./server_app
 COPY client_app ./client_app
+COPY dept_cli ./dept_cli
 RUN sed -i 's/"flwr\[simulation\]==\([^"]*\)"/"flwr==\1"/' pyproject.toml \
     && python -m pip install --no-cache-dir .
 

@@ -19,6 +19,7 @@ ALLOWED_OURS = {
     "dept_strategy": {"dept", "dept_strategy"},
     "client_app": {"dept", "client_app"},
     "server_app": {"dept", "dept_strategy", "server_app", "client_app"},
+    "dept_cli": {"dept", "dept_strategy", "server_app", "client_app", "dept_cli"},
 }
 BANNED_LIBRARIES = {"dept": {"flwr"}}
 

@@ -1,4 +1,4 @@
-"""benchmarks/compression.py --quick: every setting runs, and the table shows the savings."""
+"""python -m benchmarks.compression --quick: every setting runs, and the table shows the savings."""
 
 from __future__ import annotations
 
@@ -24,5 +24,5 @@ def test_quick_run_compares_every_setting_against_none(tmp_path: Path) -> None:
         assert run["dropped"] == 0 and run["avg_val_bpb"] < run["initial_avg_val_bpb"]
         assert len(run["bytes_up_per_round"]) == 2
     table = (out / "compression.md").read_text()
-    assert "| int8-no-ef |" in table and "python benchmarks/compression.py --quick" in table
+    assert "| int8-no-ef |" in table and "python -m benchmarks.compression --quick" in table
     assert (out / "compression.png").stat().st_size > 0

@@ -1,12 +1,11 @@
 """Every DEPT variant against the paper's baselines, on the same data, in one table.
 
-    python benchmarks/compare.py --sources-file benchmarks/corpora.yaml --model tiny
-
-runs STD (τ = 0, 0.3, 1), ACT, GLOB, TRIM, SPEC and SPEC-OPT with the same model, seed,
-token budget, learning-rate schedule shape and evaluation (bits per byte on the same bytes of
-each source's validation text), each at every learning rate of one sweep, and writes to
-``--out``: ``comparison.md`` (the table), ``comparison.json`` (the same numbers, plus every
-sweep run) and ``comparison.png`` (average bits per byte per round, best rate per method).
+Runs STD (τ = 0, 0.3, 1), ACT and every variant of :mod:`dept.variants` (GLOB, TRIM, SPEC,
+SPEC-OPT) with the same model, seed, token budget, learning-rate schedule shape and evaluation
+(bits per byte on the same bytes of each source's validation text), each at every learning
+rate of one sweep, and writes to ``--out``: ``comparison.md`` (the table), ``comparison.json``
+(the same numbers, plus every sweep run) and ``comparison.png`` (average bits per byte per
+round, best rate per method).
 
 Federated methods run the real ServerApp and ClientApp code in process (``LocalGrid``: one
 node per source, every source trained every round); baselines run ``dept.baselines``. Runs
@@ -20,7 +19,6 @@ import argparse
 import json
 import logging
 import os
-import sys
 import threading
 import time
 import traceback
@@ -28,24 +26,25 @@ from concurrent.futures import Future, ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 from multiprocessing import get_context
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if __package__ in (None, ""):  # run as a script: make the checkout's packages importable
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from benchmarks.comparison_report import average_bpb, best_per_method, write_report
-from dept.config import DeptConfig, load_config, resolve_path, to_run_config
+from dept.cli_help import HelpFormatter, plain
+from dept.config import DEVICES, DeptConfig, load_config, resolve_path, to_run_config
+from dept.outer_optimizers import OUTER_OPTIMIZERS
 from dept.sources import check_source_paths, run_sources
+from dept.variants import VARIANTS
+from dept_cli.comparison_report import average_bpb, best_per_method, write_report
+from dept_cli.in_process import federate_in_process
+from dept_cli.methods import BASELINES, FEDERATED, METHODS
 from server_app.report import dumps
 
-if TYPE_CHECKING:
-    from server_app.local_grid import LocalGrid
-
 log = logging.getLogger("compare")
-FEDERATED = ("glob", "trim", "spec", "spec-opt")
-BASELINES = {"std-0": 0.0, "std-0.3": 0.3, "std-1": 1.0, "act": 0.3}
-METHODS = (*BASELINES, *FEDERATED)
-DEFAULT_LRS = (2e-3, 4e-3, 8e-3)  # on the nine corpora (tiny) 0.016 never won, SPEC-OPT liked 0.002
+# On the nine corpora (tiny) 0.016 never won, and SPEC-OPT was best at 0.002.
+DEFAULT_LRS = "0.002,0.004,0.008"
+EXAMPLES = """examples:
+  dept compare --sources-file benchmarks/corpora.yaml --model tiny   # ~45 min on 2 CPUs
+  dept compare --sources-file my-sources.yaml --methods std-0.3,spec-opt --lrs 0.004 --jobs 4
+"""
 
 
 @dataclass(frozen=True)
@@ -93,33 +92,12 @@ def run_plan(plan: Plan) -> dict[str, Any]:
     try:
         result = _run_federated(plan) if plan.method in FEDERATED else _run_baseline(plan)
     except Exception as exc:  # reported in the table, with the traceback in run.log
-        logging.getLogger("compare").exception("%s crashed", plan.label)
+        log.exception("%s crashed", plan.label)
         result = {"error": f"{type(exc).__name__}: {exc}".splitlines()[0][:300]}
         traceback.print_exc(file=(out / "error.txt").open("w"))
     result.update(method=plan.method, lr=plan.lr, wall_s=time.perf_counter() - started)
     (out / "result.json").write_text(dumps(result, indent=2))
     return result
-
-
-def federate_in_process(run_config: dict[str, Any], grid: LocalGrid | None = None) -> Path:
-    """Run the real ServerApp and ClientApp code in this process, one node per source;
-    returns the output folder. ``grid``: one made by :func:`in_process_grid` (e.g. a
-    subclass that measures), else a plain one."""
-    from server_app.federation import run_federation
-
-    return run_federation(grid or in_process_grid(run_config), run_config)
-
-
-def in_process_grid(
-    run_config: dict[str, Any], grid_type: type[LocalGrid] | None = None, **kwargs: Any
-) -> LocalGrid:
-    """A grid of one in-process node per source of ``run_config``, serving the real ClientApp."""
-    from client_app.app import app as client_app
-    from server_app.local_grid import LocalGrid
-
-    count = len(run_sources(load_config(run_config)))
-    nodes = [{"partition-id": i, "num-partitions": count} for i in range(count)]
-    return (grid_type or LocalGrid)(client_app, nodes, run_config, **kwargs)
 
 
 def _run_federated(plan: Plan) -> dict[str, Any]:
@@ -144,16 +122,17 @@ def _run_federated(plan: Plan) -> dict[str, Any]:
 def _run_baseline(plan: Plan) -> dict[str, Any]:
     from dept.baselines import run_standard
 
+    baseline = BASELINES[plan.method]
     cfg = load_config(plan.run_config)
     specs = run_sources(cfg)
     run = run_standard(
         cfg,
         specs,
         resolve_path(cfg.state_dir),
-        temperature=BASELINES[plan.method],
+        temperature=baseline.temperature,
         sources_per_round=len(specs),
-        forget_every_round=plan.method == "act",
-        on_round=lambda r: logging.getLogger("compare").info(
+        forget_every_round=baseline.forgets,
+        on_round=lambda r: log.info(
             "%s round %d: avg val bpb %.4f", plan.label, r.round, r.avg_val_bpb
         ),
     )
@@ -175,19 +154,15 @@ def _run_baseline(plan: Plan) -> dict[str, Any]:
 
 
 def make_plans(args: argparse.Namespace, base: DeptConfig, out: Path) -> list[Plan]:
+    """Every method at every rate, the CPU threads shared equally between the jobs."""
     threads = max(1, (os.cpu_count() or 1) // args.jobs)
     plans = []
     for method in args.methods:
         for lr in args.lrs:
             run_dir = out / "runs" / f"{method}-lr{lr:g}"
-            config = to_run_config(base)
-            config.update(
-                {
-                    "variant": method if method in FEDERATED else "glob",
-                    "lr": lr,
-                    "output-dir": str(run_dir),
-                }
-            )
+            config = {**to_run_config(base), "lr": lr, "output-dir": str(run_dir)}
+            if method in VARIANTS:  # a baseline reads no variant
+                config["variant"] = method
             plans.append(Plan(method, lr, config, str(run_dir), threads))
     return plans
 
@@ -222,13 +197,15 @@ def base_config(args: argparse.Namespace, out: Path) -> DeptConfig:
 
 
 def prepare(base: DeptConfig) -> None:
-    """Train every tokenizer and tokenize every source once, before the workers share them."""
+    """Train every tokenizer and tokenize every source once, before the workers share them
+    (two workers building the same cache would race): one variant per tokenizer kind, the
+    sources' own or the run's global one (which the baselines use too)."""
     from dept.source_client import SourceClient
     from dept.workspace import Workspace
 
     specs = run_sources(base)
     root = resolve_path(base.state_dir)
-    for variant in ("spec-opt", "spec"):
+    for variant in {v.own_tokenizer: v.name for v in VARIANTS.values()}.values():
         cfg = load_config({**to_run_config(base), "variant": variant})
         for spec in specs:
             log.info("preparing %s for %s", spec.name, variant)
@@ -292,37 +269,56 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sources-file", required=True, help="YAML list of sources")
-    parser.add_argument("--model", default="tiny", help="model preset (debug, tiny, ...)")
-    parser.add_argument(
-        "--tokens", type=float, default=5.5e5, help="training tokens per run (all sources)"
+    parser = argparse.ArgumentParser(
+        prog="dept compare",
+        description=plain(__doc__),
+        epilog=EXAMPLES,
+        formatter_class=HelpFormatter,
     )
-    parser.add_argument("--local-steps", type=int, default=40)
+    parser.add_argument("--sources-file", required=True, help="YAML list of sources")
+    parser.add_argument("--model", default="tiny", help="<family>:<size> (see dept models)")
+    parser.add_argument(
+        "--tokens",
+        type=float,
+        default=5.5e5,
+        help="training tokens per run (all sources); the rounds follow from it",
+    )
+    parser.add_argument("--local-steps", type=int, default=40, help="steps per round")
     parser.add_argument("--batch-size", type=int, default=4, help="sequences per source per step")
-    parser.add_argument("--seq-len", type=int, default=64)
-    parser.add_argument("--warmup-steps", type=int, default=10)
-    parser.add_argument("--global-vocab-size", type=int, default=4096)
-    parser.add_argument("--eval-bytes", type=int, default=12288)
-    parser.add_argument("--outer-optimizer", default="fedavg", help="fedavg, nesterov, fedadam")
-    parser.add_argument("--outer-lr", type=float, default=1.0)
-    parser.add_argument("--outer-momentum", type=float, default=0.9)
+    parser.add_argument("--seq-len", type=int, default=64, help="tokens per sequence")
+    parser.add_argument("--warmup-steps", type=int, default=10, help="learning-rate warmup")
+    parser.add_argument(
+        "--global-vocab-size", type=int, default=4096, help="the global tokenizer's size"
+    )
+    parser.add_argument("--eval-bytes", type=int, default=12288, help="validation bytes per source")
+    parser.add_argument(
+        "--outer-optimizer", default="fedavg", choices=OUTER_OPTIMIZERS, help="the server's step"
+    )
+    parser.add_argument("--outer-lr", type=float, default=1.0, help="the outer optimizer's rate")
+    parser.add_argument(
+        "--outer-momentum", type=float, default=0.9, help="where the outer optimizer has one"
+    )
     parser.add_argument(
         "--lrs",
         type=lambda s: [float(x) for x in s.split(",")],
-        default=list(DEFAULT_LRS),
+        default=DEFAULT_LRS,
         help="comma-separated learning rates, the same sweep for every method",
     )
     parser.add_argument(
         "--methods",
         type=lambda s: s.split(","),
-        default=list(METHODS),
-        help=f"comma-separated subset of {','.join(METHODS)}",
+        default=",".join(METHODS),
+        help="comma-separated subset of the methods",
     )
-    parser.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1))
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--device", default="auto")
-    parser.add_argument("--out", default="outputs/compare")
+    parser.add_argument(
+        "--jobs",
+        type=int,
+        default=min(2, os.cpu_count() or 1),
+        help="runs at once (the CPU threads are split between them)",
+    )
+    parser.add_argument("--seed", type=int, default=0, help="the same seed for every run")
+    parser.add_argument("--device", default="auto", choices=DEVICES, help="where runs train")
+    parser.add_argument("--out", default="outputs/compare", help="folder for the results")
     args = parser.parse_args(argv)
     unknown = sorted(set(args.methods) - set(METHODS))
     if unknown:

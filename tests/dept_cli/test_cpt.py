@@ -7,7 +7,6 @@ from pathlib import Path
 
 import torch
 
-from benchmarks import cpt
 from dept.baselines import run_standard
 from dept.config import load_config
 from dept.data import load_source_text
@@ -15,6 +14,7 @@ from dept.model import body_state, build_model
 from dept.sources import load_sources
 from dept.vocab import load_tokenizer
 from dept.workspace import own_tokenizer
+from dept_cli import cpt
 from tests.helpers import debug_run_config
 
 

@@ -1,4 +1,4 @@
-"""benchmarks/compare.py end to end on the debug preset: every method, one table, crashes shown."""
+"""dept compare end to end on the debug preset: every method, one table, crashes shown."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import compare
+from dept_cli import compare
+from dept_cli.methods import METHODS
 
 
 def test_compare_runs_every_method_and_reports_a_crash(
@@ -37,8 +38,8 @@ def test_compare_runs_every_method_and_reports_a_crash(
     assert compare.main(args) == 0
 
     report = json.loads((out / "comparison.json").read_text())
-    assert set(report["methods"]) == set(compare.METHODS)
-    assert len(report["sweep"]) == len(compare.METHODS)
+    assert set(report["methods"]) == set(METHODS)
+    assert len(report["sweep"]) == len(METHODS)
     assert "FloatingPointError" in report["methods"]["act"]["error"]
     for method in ("std-0.3", "glob", "trim", "spec", "spec-opt"):
         result = report["methods"][method]
@@ -49,7 +50,7 @@ def test_compare_runs_every_method_and_reports_a_crash(
     assert spec["bytes"] < glob["bytes"] < report["methods"]["std-0"]["bytes"]
     table = (out / "comparison.md").read_text()
     header = next(line for line in table.splitlines() if line.startswith("| source |"))
-    assert header.count("|") == len(compare.METHODS) + 2, "one column per method"
+    assert header.count("|") == len(METHODS) + 2, "one column per method"
     assert "crashed: FloatingPointError" in table
     assert (out / "comparison.png").stat().st_size > 0
 

@@ -1,9 +1,7 @@
 """Continued pre-training on a source no body saw: does a DEPT body adapt faster than STD's?
 
-    python benchmarks/cpt.py --sources-file benchmarks/corpora.yaml --held-out en-shakespeare
-
 Pre-trains two bodies of the same size on the same sources (all but ``--held-out``) with the
-same budget, learning rate and schedule: DEPT (SPEC-OPT, federated, in process) and STD
+same budget, learning rate and schedule: DEPT (``--variant``, federated, in process) and STD
 (τ = 0.3, on the mixture with the global tokenizer). Then each body, and a freshly initialised
 one as the from-scratch reference, gets new embeddings for the held-out source's own
 tokenizer and is trained on that source alone, with validation bits per byte recorded every
@@ -14,35 +12,31 @@ from __future__ import annotations
 
 import argparse
 import logging
-import sys
 import time
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-if __package__ in (None, ""):  # run as a script: make the checkout's packages importable
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-import yaml
 from safetensors.torch import load_file
 
-from benchmarks.compare import federate_in_process
 from dept.baselines import BaselineRun, run_standard
-from dept.config import DeptConfig, kebab, load_config, resolve_path, to_run_config
+from dept.cli_help import HelpFormatter, plain
+from dept.config import DeptConfig, load_config, resolve_path, to_run_config
 from dept.data import load_source_text
-from dept.sources import SourceSpec, check_source_paths, load_sources
+from dept.sources import SourceSpec, check_source_paths, load_sources, write_sources
+from dept.variants import VARIANTS
 from dept.workspace import own_tokenizer
+from dept_cli.in_process import federate_in_process
 from server_app.report import dumps
 
 log = logging.getLogger("cpt")
-
-
-def write_sources(path: Path, specs: list[SourceSpec]) -> None:
-    """A sources file listing ``specs`` (their paths are already absolute)."""
-    path.write_text(yaml.safe_dump([{kebab(k): v for k, v in asdict(s).items()} for s in specs]))
+EXAMPLES = """examples:
+  dept cpt --sources-file benchmarks/corpora.yaml --held-out en-shakespeare
+  dept cpt --sources-file my-sources.yaml --held-out de-novels --variant spec --cpt-steps 400
+"""
 
 
 def pretrain_dept(cfg: DeptConfig) -> dict:
+    """The body a federation of ``cfg`` ends with."""
     out = federate_in_process(to_run_config(cfg))
     return load_file(str(out / "body.safetensors"))
 
@@ -86,8 +80,9 @@ def main(argv: list[str] | None = None) -> int:
     if not held:
         raise SystemExit(f"--held-out {args.held_out!r} is not a source of {args.sources_file}")
     check_source_paths(specs)
+    seen = [s for s in specs if s is not held[0]]
     seen_file, held_file = out / "pretrain-sources.yaml", out / "held-out.yaml"
-    write_sources(seen_file, [s for s in specs if s is not held[0]])
+    write_sources(seen_file, seen)
     write_sources(held_file, held)
     common = {
         "model": args.model,
@@ -100,7 +95,6 @@ def main(argv: list[str] | None = None) -> int:
         "state-dir": str(out / "state"),
         "global-vocab-size": args.global_vocab_size,
     }
-    seen = [s for s in specs if s is not held[0]]
     rounds = max(
         1, round(args.tokens / (len(seen) * args.local_steps * args.batch_size * args.seq_len))
     )
@@ -110,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
             "sources-file": str(seen_file),
             "num-server-rounds": rounds,
             "local-steps": args.local_steps,
-            "variant": "spec-opt",
+            "variant": args.variant,
             "output-dir": str(out / "dept-pretrain"),
         }
     )
@@ -119,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
         f"pre-training on {len(seen)} sources: {rounds} rounds x {args.local_steps} steps",
         flush=True,
     )
-    bodies: dict[str, Any] = {"DEPT (SPEC-OPT) body": pretrain_dept(pre)}
+    bodies: dict[str, Any] = {f"DEPT ({args.variant.upper()}) body": pretrain_dept(pre)}
     std = run_standard(
         pre, seen, resolve_path(pre.state_dir), temperature=0.3, sources_per_round=len(seen)
     )
@@ -170,22 +164,33 @@ def write_outputs(out: Path, args: argparse.Namespace, curves: dict, wall_s: flo
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sources-file", required=True)
+    parser = argparse.ArgumentParser(
+        prog="dept cpt", description=plain(__doc__), epilog=EXAMPLES, formatter_class=HelpFormatter
+    )
+    parser.add_argument("--sources-file", required=True, help="YAML list of sources")
     parser.add_argument("--held-out", required=True, help="the source left out of pre-training")
-    parser.add_argument("--model", default="tiny")
+    parser.add_argument("--model", default="tiny", help="<family>:<size> (see dept models)")
+    parser.add_argument(
+        "--variant", default="spec-opt", choices=VARIANTS, help="how DEPT pre-trains its body"
+    )
     parser.add_argument("--tokens", type=float, default=5e5, help="pre-training tokens per body")
-    parser.add_argument("--local-steps", type=int, default=40)
-    parser.add_argument("--batch-size", type=int, default=4)
-    parser.add_argument("--seq-len", type=int, default=64)
+    parser.add_argument("--local-steps", type=int, default=40, help="DEPT's steps per round")
+    parser.add_argument("--batch-size", type=int, default=4, help="sequences per source per step")
+    parser.add_argument("--seq-len", type=int, default=64, help="tokens per sequence")
     parser.add_argument("--lr", type=float, default=8e-3, help="pre-training learning rate")
-    parser.add_argument("--cpt-lr", type=float, default=8e-3)
-    parser.add_argument("--cpt-steps", type=int, default=200)
-    parser.add_argument("--eval-every", type=int, default=25)
-    parser.add_argument("--eval-bytes", type=int, default=12288)
-    parser.add_argument("--global-vocab-size", type=int, default=4096)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", default="outputs/cpt")
+    parser.add_argument(
+        "--cpt-lr", type=float, default=8e-3, help="continued pre-training learning rate"
+    )
+    parser.add_argument(
+        "--cpt-steps", type=int, default=200, help="steps on the held-out source per body"
+    )
+    parser.add_argument("--eval-every", type=int, default=25, help="steps between two validations")
+    parser.add_argument("--eval-bytes", type=int, default=12288, help="validation bytes per source")
+    parser.add_argument(
+        "--global-vocab-size", type=int, default=4096, help="the global tokenizer's size (STD)"
+    )
+    parser.add_argument("--seed", type=int, default=0, help="the same seed for every run")
+    parser.add_argument("--out", default="outputs/cpt", help="folder for the results")
     return parser.parse_args(argv)
 
 

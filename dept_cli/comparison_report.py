@@ -1,6 +1,6 @@
 """The comparison's outputs: ``comparison.md`` (tables), ``comparison.json``, ``comparison.png``.
 
-A result is one run, normalised by ``benchmarks/compare.py``: per-source final bits per byte
+A result is one run, normalised by :mod:`dept_cli.compare`: per-source final bits per byte
 and perplexity, the per-round average curve, bytes communicated and the data-parallel
 reference, embedding parameters per source, tokens trained, wall time; or an ``error``.
 """
@@ -12,20 +12,11 @@ from pathlib import Path
 from typing import Any
 
 from dept.config import DeptConfig, to_run_config
+from dept.variants import VARIANTS
+from dept_cli.methods import BASELINES, FEDERATED, title
 from server_app.report import dumps
 
-TITLES = {
-    "std-0": "STD τ=0",
-    "std-0.3": "STD τ=0.3",
-    "std-1": "STD τ=1",
-    "act": "ACT",
-    "glob": "GLOB",
-    "trim": "TRIM",
-    "spec": "SPEC",
-    "spec-opt": "SPEC-OPT",
-}
-STD_METHODS = ("std-0", "std-0.3", "std-1")
-OWN_TOKENIZER = ("spec-opt",)  # perplexity per token is not comparable with the others
+STD_METHODS = tuple(m for m, b in BASELINES.items() if not b.forgets)  # the reference runs
 
 
 def average_bpb(result: dict[str, Any]) -> float:
@@ -92,7 +83,7 @@ def render_markdown(
         "## Validation bits per byte (lower is better; best per row in bold)",
         "",
         _table(
-            ["source", *(TITLES.get(m, m) for m in methods)],
+            ["source", *(title(m) for m in methods)],
             [
                 [name, *_bold_min([_source_bpb(best[m], name) for m in methods])]
                 for name in [*sources, "**average**"]
@@ -101,17 +92,17 @@ def render_markdown(
         "",
         "## Cost",
         "",
-        _table(["", *(TITLES.get(m, m) for m in methods)], _cost_rows(best, methods)),
+        _table(["", *(title(m) for m in methods)], _cost_rows(best, methods)),
         "",
         "## Perplexity per token (only where the tokenizer is shared)",
         "",
         _table(
-            ["source", *(TITLES.get(m, m) for m in methods)],
+            ["source", *(title(m) for m in methods)],
             [
                 [
                     name,
                     *(
-                        "n/a (own tokenizer)" if m in OWN_TOKENIZER else _num(_ppl(best[m], name))
+                        "n/a (own tokenizer)" if _own_tokenizer(m) else _num(_ppl(best[m], name))
                         for m in methods
                     ),
                 ]
@@ -123,7 +114,7 @@ def render_markdown(
         "",
         _table(
             ["method", *(f"lr {lr:g}" for lr in lrs)],
-            [[TITLES.get(m, m), *(_sweep_cell(results, m, lr) for lr in lrs)] for m in methods],
+            [[title(m), *(_sweep_cell(results, m, lr) for lr in lrs)] for m in methods],
         ),
         "",
     ]
@@ -153,6 +144,11 @@ def _cost_rows(best: dict[str, dict[str, Any]], methods: list[str]) -> list[list
         ["failed or rejected replies", *each(lambda r: str(r["failed"]))],
         ["wall time (s)", *each(lambda r: f"{r['wall_s']:.0f}")],
     ]
+
+
+def _own_tokenizer(method: str) -> bool:
+    """Its perplexity per token is not comparable with the others'."""
+    return method in VARIANTS and VARIANTS[method].own_tokenizer
 
 
 def _source_bpb(result: dict[str, Any], name: str) -> float:
@@ -212,12 +208,12 @@ def plot_curves(path: Path, best: dict[str, dict[str, Any]], cfg: DeptConfig) ->
     for method, result in best.items():
         points = [(r, v) for r, v in result.get("curve", []) if v is not None]
         if points:
-            style = "-" if method in ("glob", "trim", "spec", "spec-opt") else "--"
+            style = "-" if method in FEDERATED else "--"
             ax.plot(
                 *zip(*points, strict=True),
                 style,
                 marker="o",
-                label=f"{TITLES.get(method, method)} (lr {result['lr']:g})",
+                label=f"{title(method)} (lr {result['lr']:g})",
             )
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel(f"round ({cfg.local_steps} steps each; 0 = before training)")
