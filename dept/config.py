@@ -35,6 +35,7 @@ DeviceName = Literal["auto", "cpu", "cuda", "mps"]  # dept.train.resolve_device 
 COMPRESSIONS: tuple[CompressionName, ...] = get_args(CompressionName)
 AGGREGATIONS: tuple[AggregationName, ...] = get_args(AggregationName)
 OUTLIER_ACTIONS: tuple[OutlierAction, ...] = get_args(OutlierAction)
+DEVICES: tuple[DeviceName, ...] = get_args(DeviceName)
 BASE_DIR_ENV = "DEPT_HOME"
 MAX_VOCAB_SIZE = 1 << 20  # larger vocabularies are not trained here (a typo, not a plan)
 T = TypeVar("T")

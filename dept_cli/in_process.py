@@ -21,7 +21,7 @@ def federate_in_process(run_config: dict[str, Any], grid: LocalGrid | None = Non
     :func:`in_process_grid` (e.g. a subclass that measures), else a plain one."""
     from server_app.federation import run_federation
 
-    return run_federation(grid or in_process_grid(run_config), run_config)
+    return run_federation(grid or in_process_grid(run_config), run_config).out_dir
 
 
 def in_process_grid(

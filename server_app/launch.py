@@ -46,8 +46,8 @@ download a CUDA build of torch), streams the logs, and stops the local
 SuperLink it started when the run ends."""
 EXAMPLES = """\
 examples:
-  dept-run -c "model='debug' num-server-rounds=2 output-dir='runs/debug'"
-  dept-run -c "variant='glob' compression='int8'" -c "seed=1" --no-stream"""
+  dept run -c "model='debug' num-server-rounds=2 output-dir='runs/debug'"
+  dept run -c "model='gpt2:tiny' variant='glob' compression='int8'" -c "seed=1" --no-stream"""
 
 
 def project_dir() -> Path:
@@ -167,7 +167,7 @@ def keys_help() -> str:
 def build_parser() -> argparse.ArgumentParser:
     """dept-run's options; the help ends with examples and every run config key."""
     parser = argparse.ArgumentParser(
-        prog="dept-run",
+        prog="dept run",
         description=DESCRIPTION,
         epilog=f"{EXAMPLES}\n\n{keys_help()}",
         formatter_class=argparse.RawDescriptionHelpFormatter,
