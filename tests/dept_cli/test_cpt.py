@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 import torch
 
 from dept.baselines import run_standard
@@ -51,7 +52,13 @@ def test_cpt_starts_from_the_given_body_with_fresh_embeddings(tmp_path: Path) ->
     assert not all(torch.equal(run.body[k], trained[k]) for k in trained), "the body trains on"
 
 
-def test_cpt_benchmark_writes_curves_for_three_bodies(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("model", "variant"),
+    [("debug", "spec-opt"), ("gpt2:debug", "glob")],  # GLOB's body carries the shared ψ
+)
+def test_cpt_benchmark_writes_curves_for_three_bodies(
+    tmp_path: Path, model: str, variant: str
+) -> None:
     sources = tmp_path / "sources.yaml"
     sources.write_text(
         "- {name: synth-latin, path: 'builtin:synthetic-latin', vocab-size: 400}\n"
@@ -61,7 +68,8 @@ def test_cpt_benchmark_writes_curves_for_three_bodies(tmp_path: Path) -> None:
     out = tmp_path / "out"
     # fmt: off
     assert cpt.main(["--sources-file", str(sources), "--held-out", "synth-greek",
-                     "--model", "debug", "--tokens", "8192", "--local-steps", "4",
+                     "--model", model, "--variant", variant,
+                     "--tokens", "8192", "--local-steps", "4",
                      "--cpt-steps", "16", "--eval-every", "8", "--eval-bytes", "2048",
                      "--global-vocab-size", "600", "--out", str(out)]) == 0
     # fmt: on

@@ -74,11 +74,13 @@ def _final(out: Path) -> tuple[dict, dict[str, torch.Tensor]]:
 
 
 @pytest.mark.parametrize(
-    ("variant", "outer", "corrupt_latest"),
+    ("variant", "outer", "corrupt_latest", "model"),
     [
-        ("spec-opt", "nesterov", False),
-        ("spec-opt", "nesterov", True),
-        ("trim", "fedadam", False),  # V_k, row-wise φ and Adam's state resume too
+        ("spec-opt", "nesterov", False, "debug"),
+        ("spec-opt", "nesterov", True, "debug"),
+        ("trim", "fedadam", False, "debug"),  # V_k, row-wise φ and Adam's state resume too
+        ("spec-opt", "fedavg", False, "gpt2:debug"),  # each source's ψ_k from its state
+        ("glob", "fedavg", False, "gpt2:debug"),  # the shared ψ from the checkpoint
     ],
 )
 def test_a_killed_run_resumes_to_the_uninterrupted_result(
@@ -86,12 +88,14 @@ def test_a_killed_run_resumes_to_the_uninterrupted_result(
     variant: str,
     outer: str,
     corrupt_latest: bool,
+    model: str,
     project_log: pytest.LogCaptureFixture,
 ) -> None:
     settings = {
+        "model": model,
         "variant": variant,
         "outer-optimizer": outer,
-        "outer-lr": 0.7 if outer == "nesterov" else 0.01,
+        "outer-lr": {"fedavg": 1.0, "nesterov": 0.7, "fedadam": 0.01}[outer],
         "global-vocab-size": 600,
     }
     # Prepare: the reference, uninterrupted
@@ -112,7 +116,7 @@ def test_a_killed_run_resumes_to_the_uninterrupted_result(
     # Assert
     got_bpb, got_body = _final(out)
     assert got_bpb == expected_bpb
-    if variant == "trim":
+    if variant in ("trim", "glob"):
         want = load_file(str(tmp_path / "reference" / "embeddings.safetensors"))
         got = load_file(str(out / "embeddings.safetensors"))
         assert all(torch.equal(got[k], want[k]) for k in want)
