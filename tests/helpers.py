@@ -46,6 +46,19 @@ def debug_run_config(tmp_path: Path, **overrides: Any) -> dict[str, Any]:
     return config
 
 
+def synthetic_sources(tmp_path: Path, *scripts: str) -> Path:
+    """A sources file of the built-in synthetic languages ``scripts`` (``latin``, ``greek``,
+    ``cyrillic``...), each named ``synth-<script>`` with a vocabulary of 400."""
+    path = tmp_path / "sources.yaml"
+    path.write_text(
+        "".join(
+            f"- {{name: synth-{s}, path: 'builtin:synthetic-{s}', vocab-size: 400}}\n"
+            for s in scripts
+        )
+    )
+    return path
+
+
 def directory_app(sources_by_node: dict[int, list[str]]) -> Callable[[Message, Any], Message]:
     """A ClientApp stand-in that only answers discovery queries; unlisted nodes fail."""
 

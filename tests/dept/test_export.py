@@ -17,15 +17,11 @@ from dept.sources import run_sources
 from dept.workspace import Workspace
 from server_app.federation import run_federation
 from server_app.local_grid import LocalGrid
-from tests.helpers import debug_run_config
+from tests.helpers import debug_run_config, synthetic_sources
 
 
 def _finished_run(tmp_path: Path, variant: str, model: str = "debug") -> Path:
-    sources = tmp_path / "sources.yaml"
-    sources.write_text(
-        "- {name: synth-latin, path: 'builtin:synthetic-latin', vocab-size: 400}\n"
-        "- {name: synth-greek, path: 'builtin:synthetic-greek', vocab-size: 400}\n"
-    )
+    sources = synthetic_sources(tmp_path, "latin", "greek")
     config = debug_run_config(
         tmp_path,
         variant=variant,

@@ -16,7 +16,7 @@ from dept.sources import load_sources
 from dept.vocab import load_tokenizer
 from dept.workspace import own_tokenizer
 from dept_cli import cpt
-from tests.helpers import debug_run_config
+from tests.helpers import debug_run_config, synthetic_sources
 
 
 def test_cpt_starts_from_the_given_body_with_fresh_embeddings(tmp_path: Path) -> None:
@@ -59,12 +59,7 @@ def test_cpt_starts_from_the_given_body_with_fresh_embeddings(tmp_path: Path) ->
 def test_cpt_benchmark_writes_curves_for_three_bodies(
     tmp_path: Path, model: str, variant: str
 ) -> None:
-    sources = tmp_path / "sources.yaml"
-    sources.write_text(
-        "- {name: synth-latin, path: 'builtin:synthetic-latin', vocab-size: 400}\n"
-        "- {name: synth-cyrillic, path: 'builtin:synthetic-cyrillic', vocab-size: 400}\n"
-        "- {name: synth-greek, path: 'builtin:synthetic-greek', vocab-size: 400}\n"
-    )
+    sources = synthetic_sources(tmp_path, "latin", "cyrillic", "greek")
     out = tmp_path / "out"
     # fmt: off
     assert cpt.main(["--sources-file", str(sources), "--held-out", "synth-greek",

@@ -15,7 +15,7 @@ from dept import keys
 from dept.model import body_state, build_model, position_count
 from server_app.federation import run_federation
 from server_app.local_grid import LocalGrid
-from tests.helpers import debug_run_config
+from tests.helpers import debug_run_config, synthetic_sources
 
 
 class SentKeys(LocalGrid):
@@ -36,11 +36,7 @@ class SentKeys(LocalGrid):
 
 
 def _run(tmp_path: Path, variant: str) -> tuple[Path, dict, SentKeys]:
-    sources = tmp_path / "sources.yaml"
-    sources.write_text(
-        "- {name: synth-latin, path: 'builtin:synthetic-latin', vocab-size: 400}\n"
-        "- {name: synth-greek, path: 'builtin:synthetic-greek', vocab-size: 400}\n"
-    )
+    sources = synthetic_sources(tmp_path, "latin", "greek")
     config = debug_run_config(
         tmp_path,
         model="gpt2:debug",

@@ -18,7 +18,7 @@ from dept.config import ConfigError
 from server_app.checkpoint import CheckpointError, load_latest
 from server_app.federation import run_federation
 from server_app.local_grid import LocalGrid
-from tests.helpers import debug_run_config
+from tests.helpers import debug_run_config, synthetic_sources
 
 
 class ServerCrash(RuntimeError):
@@ -44,12 +44,7 @@ class CrashingGrid(LocalGrid):
 
 
 def _config(tmp_path: Path, name: str, **overrides) -> dict:
-    sources = tmp_path / "sources.yaml"
-    sources.write_text(
-        "- {name: synth-latin, path: 'builtin:synthetic-latin', vocab-size: 400}\n"
-        "- {name: synth-greek, path: 'builtin:synthetic-greek', vocab-size: 400}\n"
-        "- {name: synth-cyrillic, path: 'builtin:synthetic-cyrillic', vocab-size: 400}\n"
-    )
+    sources = synthetic_sources(tmp_path, "latin", "greek", "cyrillic")
     config = debug_run_config(
         tmp_path,
         **{
