@@ -1,4 +1,4 @@
-"""``dept-certs``: the TLS certificates and SuperNode keys a secure deployment needs.
+"""``dept certs``: the TLS certificates and SuperNode keys a secure deployment needs.
 
 Writes, into one folder:
 

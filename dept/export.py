@@ -1,7 +1,7 @@
 """Export a finished run as Hugging Face model folders that load offline.
 
-    dept-export outputs/dept --source de-novels --out models/de-novels
-    dept-export outputs/dept --global --out models/global          # GLOB and TRIM
+    dept export outputs/dept --source de-novels --out models/de-novels
+    dept export outputs/dept --global --out models/global          # GLOB and TRIM
 
 A source's model is the run's final body θ with that source's embeddings and tokenizer: its
 own (SPEC-OPT), or the global tokenizer with φ_k spread back over the global ids (SPEC,

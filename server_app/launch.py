@@ -1,4 +1,4 @@
-"""``dept-run``: ``flwr run`` in the simulation runtime, sized for this run and this machine.
+"""``dept run``: ``flwr run`` in the simulation runtime, sized for this run and this machine.
 
 What it does is :data:`DESCRIPTION`, which ``--help`` prints with the run config keys.
 """
