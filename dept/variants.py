@@ -33,7 +33,10 @@ class Variant:
 
     name: str
     own_tokenizer: bool  # each source trains its own tokenizer (else: the run's global one)
-    local_rows: bool  # φ_k holds only the rows of the source's vocabulary V_k, plus "other"
+    # φ_k holds only the rows of the source's vocabulary V_k, plus "other"; exported, its rows
+    # are spread back over the global tokenizer's ids (ids outside V_k suppressed). Without,
+    # φ's rows are the tokenizer's ids (own tokenizer, or the whole global φ) and export as is.
+    local_rows: bool
     embeddings: Sharing  # φ to the server: none, the V_k rows of the global φ, or all of it
     shares_positions: bool  # ψ (learned positions, where the model has them) is aggregated
     summary: str
