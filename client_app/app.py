@@ -123,7 +123,7 @@ def _attempt(config: ConfigRecord) -> Attempt:
 
 
 def _shared(msg: Message) -> dict:
-    """θ, and φ or its rows where the variant shares them."""
+    """θ, and ψ, φ or φ's rows where the variant shares them."""
     return msg.content.array_records[keys.ARRAYS].to_torch_state_dict()
 
 

@@ -55,13 +55,24 @@ class Device:
 
 
 @functools.cache
-def body_params(preset: str) -> int:
-    """θ's size for ``preset``, counted on a model built on the meta device (no memory)."""
+def body_params(model: str) -> int:
+    """θ's size for ``model``, counted on a model built on the meta device (no memory)."""
     from dept.model import body_parameters, build_model
 
     with torch.device("meta"):
-        model = build_model(preset, 512, 8)
-    return sum(p.numel() for p in body_parameters(model).values())
+        built = build_model(model, 512, 8)
+    return sum(p.numel() for p in body_parameters(built).values())
+
+
+def trained_body_params(cfg: DeptConfig, shared_only: bool = False) -> int:
+    """θ plus ψ, the learned positions (every client trains them; the server holds them
+    where the variant shares them, so ``shared_only`` leaves them out where it does not)."""
+    from dept.model import position_count
+
+    with_positions = not shared_only or variant(cfg.variant).shares_positions
+    return body_params(cfg.model) + (
+        position_count(cfg.model, cfg.seq_len) if with_positions else 0
+    )
 
 
 def head_params(cfg: DeptConfig, vocab_size: int) -> int:
@@ -96,7 +107,7 @@ def check_client_fits(cfg: DeptConfig, vocab_size: int, vocab_from: str, device:
 
     ``vocab_from`` names where ``vocab_size`` comes from (:func:`vocab_key`), e.g. ``config
     key 'global-vocab-size'`` or ``source 'de-novels' key 'vocab-size'``."""
-    body, embedding = body_params(cfg.model), embedding_params(cfg, vocab_size)
+    body, embedding = trained_body_params(cfg), embedding_params(cfg, vocab_size)
     weights = ADAMW_BYTES_PER_PARAM * (body + embedding)
     logits = 2 * FLOAT32 * cfg.batch_size * cfg.seq_len * vocab_size
     need = weights + logits
@@ -109,8 +120,8 @@ def check_client_fits(cfg: DeptConfig, vocab_size: int, vocab_from: str, device:
             f"batch-size {cfg.batch_size} x seq-len {cfg.seq_len} x {vocab_size:,} tokens), "
             f"more than this {device.kind}'s {_gb(device.memory)}"
         )
-    # FLOPs: the input embedding is a lookup; the output head is a (V, d) matmul per token.
-    _check_round_time(cfg, body + head_params(cfg, vocab_size), device)
+    # FLOPs: the input embedding and ψ are lookups; the output head is a (V, d) matmul a token.
+    _check_round_time(cfg, body_params(cfg.model) + head_params(cfg, vocab_size), device)
 
 
 def _culprit(
@@ -148,7 +159,7 @@ def _check_round_time(cfg: DeptConfig, params: int, device: Device) -> None:
 def check_server_fits(cfg: DeptConfig, shared_vocab: int, memory: float) -> None:
     """Refuse, naming the key, a server that cannot hold the shared tensors, their outer
     optimizer state and a round's mean (``shared_vocab``: rows of the global φ, 0 if none)."""
-    body = body_params(cfg.model)
+    body = trained_body_params(cfg, shared_only=True)
     embedding = embedding_params(cfg, shared_vocab)
     copies = 2 + OUTER_OPTIMIZERS[cfg.outer_optimizer].state_copies  # θ, its mean, the outer state
     need = FLOAT32 * copies * (body + embedding)

@@ -23,7 +23,7 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from dept.outer_optimizers import OUTER_OPTIMIZERS, OuterName
-from dept.variants import VariantName
+from dept.variants import VARIANTS, VariantName
 
 # Choices whose code imports this module (dept.train, dept.compression), or is not the
 # core's (dept_strategy); named here so the config (and --help) loads without torch.
@@ -66,10 +66,8 @@ class DeptConfig:
 
     variant: VariantName = doc(
         "spec-opt",
-        "what leaves a source's node: spec-opt (own tokenizer per source; only θ travels), "
-        "spec (one global tokenizer, each source embeds only its V_k; only θ travels), "
-        "trim (θ and the source's V_k rows of the global φ, averaged row by row), "
-        "glob (the whole model: FedAvg on everything)",
+        "what leaves a source's node: "
+        + ", ".join(f"{v.name} ({v.summary})" for v in VARIANTS.values()),
     )
     model: str = doc(
         "tiny",
@@ -100,10 +98,9 @@ class DeptConfig:
     )
     outer_optimizer: OuterName = doc(
         "fedavg",
-        "the server's step on the shared tensors, the averaged update as gradient: fedavg "
-        "(SGD; lr 1 is the mean of the clients' models), nesterov (SGD with Nesterov momentum; "
-        "DiLoCo: lr 0.7, momentum 0.9), fedadam (Adam: β1 outer-momentum, β2 0.99, ε 1e-3); "
-        "a φ row no sampled source holds (trim) does not move",
+        "the server's step on the shared tensors, the averaged update as gradient: "
+        + ", ".join(f"{r.name} ({r.summary})" for r in OUTER_OPTIMIZERS.values())
+        + "; a φ row no sampled source holds (trim) does not move",
     )
     outer_lr: float = doc(
         1.0,

@@ -6,8 +6,9 @@
 A source's model is the run's final body θ with that source's embeddings and tokenizer: its
 own (SPEC-OPT), or the global tokenizer with φ_k spread back over the global ids (SPEC,
 TRIM: an id outside V_k gets the "other" row and is suppressed in generation, since the
-model never learnt to tell those ids apart). The global model of GLOB and TRIM is θ with the
-server's φ and the global tokenizer. Each folder holds ``config.json``, ``model.safetensors``,
+model never learnt to tell those ids apart). The global model of GLOB and TRIM is θ (and ψ)
+with the server's φ and the global tokenizer; a source's model has its own ψ_k where it kept
+one. Each folder holds ``config.json``, ``model.safetensors``,
 the tokenizer files, ``generation_config.json`` and a short ``README.md``, so
 ``AutoModelForCausalLM.from_pretrained(dir)`` and ``AutoTokenizer.from_pretrained(dir)`` work.
 
@@ -95,7 +96,7 @@ def export_source(
         run.cfg, spec, Workspace(root, run.run_id, spec.name), specs, global_tokenizer_file
     )
     state = client.state(before_round=run.cfg.num_server_rounds + 1).state
-    if state is None and client.variant.keeps_embeddings:
+    if state is None and client.variant.keeps_state:
         raise ConfigError(
             f"source {source!r} has no trained state under {client.ws.dir}: it never trained "
             "in this run, or 'state-dir' points elsewhere (pass --state-dir)"
@@ -190,14 +191,21 @@ def _save(
     model.config.eos_token_id = eos
     model.config.pad_token_id = eos
     model.config.bos_token_id = None
+    family = family_of(model)
+    # Learned positions end at the context length: prompt and continuation must fit in it.
+    length = (
+        {"max_length": getattr(model.config, family.max_positions_key)}
+        if family.positions
+        else {"max_new_tokens": cfg.seq_len}
+    )
     model.generation_config = GenerationConfig(
         eos_token_id=eos,
         pad_token_id=eos,
         do_sample=True,
         top_p=0.95,
         temperature=0.8,
-        max_new_tokens=cfg.seq_len,
         suppress_tokens=[i for i in suppressed if i != eos] or None,
+        **length,
     )
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out, safe_serialization=True)
@@ -205,7 +213,7 @@ def _save(
     bpb = quality.get("val_bpb", quality.get("avg_val_bpb"))
     (out / "README.md").write_text(
         f"# DEPT {cfg.variant}: {what}\n\n"
-        f"{family_of(model).name} `{cfg.model}` model trained with DEPT on Flower "
+        f"{family.name} `{cfg.model}` model trained with DEPT on Flower "
         f"({cfg.num_server_rounds} rounds x {cfg.local_steps} local steps, "
         f"context {cfg.seq_len} tokens).\n"
         + (f"Validation bits per byte at the end of training: {bpb:.4f}.\n" if bpb else "")

@@ -20,6 +20,7 @@ import json
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, cast
 
 import torch
@@ -140,28 +141,32 @@ class ModelChoice:
 
 @functools.cache
 def model_choice(name: str) -> ModelChoice:
-    """Parse a ``model`` value; ``ValueError`` names what is wrong with it."""
-    if name.endswith(".json") or "/" in name:
-        return _from_config_file(name)
+    """Parse a ``model`` value: a preset (``family:size``, or a bare size of the default
+    family) or else a config file or its folder; ``ValueError`` names what is wrong."""
     family_name, _, size = name.rpartition(":")
     family = FAMILIES.get(family_name or DEFAULT_FAMILY)
+    if family is not None and size in family.sizes:
+        return ModelChoice(family, family.size_settings(family.sizes[size]), from_file=False)
+    if name.endswith(".json") or "/" in name or _resolve(name).exists():
+        return _from_config_file(name)
     if family is None:
         raise ValueError(
             f"{name!r} names no model family (known: {', '.join(FAMILIES)}; "
             "write <family>:<size>, a size, or a path to a config.json)"
         )
-    if size not in family.sizes:
-        raise ValueError(
-            f"{name!r}: family {family.name} has no size {size!r} "
-            f"(sizes: {', '.join(family.sizes)})"
-        )
-    return ModelChoice(family, family.size_settings(family.sizes[size]), from_file=False)
+    raise ValueError(
+        f"{name!r}: family {family.name} has no size {size!r} (sizes: {', '.join(family.sizes)})"
+    )
+
+
+def _resolve(name: str) -> Path:
+    from dept.config import resolve_path  # late import: the config imports this module late
+
+    return resolve_path(name)
 
 
 def _from_config_file(name: str) -> ModelChoice:
-    from dept.config import resolve_path  # late import: the config imports this module late
-
-    path = resolve_path(name)
+    path = _resolve(name)
     if path.is_dir():
         path = path / "config.json"
     if not path.is_file():
@@ -185,8 +190,8 @@ def build_config(name: str, vocab_size: int, max_seq_len: int, tie: bool) -> Pre
     choice = model_choice(name)
     family = choice.family
     settings: dict[str, Any] = {
-        **family.fixed,
         **choice.settings,
+        **family.fixed,  # over a config file's too: what the family always trains with
         "vocab_size": vocab_size,
         "tie_word_embeddings": tie,
         "initializer_range": INIT_STD,
@@ -331,11 +336,6 @@ def load_tensors(
                     f"{tuple(param.shape)}"
                 )
             param.copy_(state[name])
-
-
-def load_body(model: PreTrainedModel, state: Mapping[str, torch.Tensor]) -> None:
-    """Copy θ into ``model``."""
-    load_tensors(body_parameters(model), state, "body")
 
 
 def count_params(tensors: Mapping[str, torch.Tensor] | Mapping[str, nn.Parameter]) -> int:

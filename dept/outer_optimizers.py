@@ -26,7 +26,7 @@ class OuterRule:
     lr_cap: float
     why_cap: str
     state_copies: int  # float32 copies of the shared tensors: the gradient, + its moments
-    summary: str
+    summary: str  # one line for the config key's doc
 
 
 OUTER_OPTIMIZERS: dict[str, OuterRule] = {
@@ -40,7 +40,7 @@ OUTER_OPTIMIZERS: dict[str, OuterRule] = {
             2.0,
             "a step past twice the clients' mean update moves the body away from all of them",
             1,
-            "θ ← θ − lr·Δ; lr 1 is the mean of the clients' models (the DEPT paper)",
+            "SGD; lr 1 is the mean of the clients' models",
         ),
         OuterRule(
             "nesterov",
@@ -50,7 +50,7 @@ OUTER_OPTIMIZERS: dict[str, OuterRule] = {
             2.0,
             "with momentum the step grows further still (DiLoCo uses 0.7)",
             2,
-            "SGD with Nesterov momentum on Δ (DiLoCo: lr 0.7, momentum 0.9)",
+            "SGD with Nesterov momentum; DiLoCo: lr 0.7, momentum 0.9",
         ),
         OuterRule(
             "fedadam",
@@ -64,7 +64,7 @@ OUTER_OPTIMIZERS: dict[str, OuterRule] = {
             1.0,
             "Adam moves every weight by about outer-lr per round (use 1e-3 to 1e-1)",
             3,
-            "Adam on Δ (Reddi et al.: β2 0.99, ε 1e-3)",
+            "Adam: β1 outer-momentum, β2 0.99, ε 1e-3",
         ),
     )
 }

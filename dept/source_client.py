@@ -192,7 +192,7 @@ class SourceClient:
         incomplete): embeddings but for GLOB, optimizer moments and the compression
         residual where the run keeps them."""
         cfg = self.cfg
-        files = [EMBEDDINGS_FILE] if self.variant.keeps_embeddings else []
+        files = [EMBEDDINGS_FILE] if self.variant.keeps_state else []
         files += [OPTIMIZER_FILE] if cfg.keep_inner_optimizer else []
         feedback = cfg.compression != "none" and cfg.compression_error_feedback
         return (*files, *([RESIDUAL_FILE] if feedback else []))
@@ -203,7 +203,7 @@ class SourceClient:
         none). A lost or damaged state is never silent: the source starts fresh, or from an
         older round, and says so."""
         state, why = found.state, "; ".join(found.unusable)
-        what = "embeddings" if self.variant.keeps_embeddings else "optimizer state and position"
+        what = "embeddings" if self.variant.keeps_state else "optimizer state and position"
         if state is None and (last_trained >= 0 or why):
             event = f"fresh {what} in round {server_round}: state lost ({why or 'no saved state'})"
         elif state is not None and state.server_round < last_trained:

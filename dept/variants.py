@@ -39,7 +39,7 @@ class Variant:
     local_rows: bool
     embeddings: Sharing  # φ to the server: none, the V_k rows of the global φ, or all of it
     shares_positions: bool  # ψ (learned positions, where the model has them) is aggregated
-    summary: str
+    summary: str  # one line for the config key's doc
 
     @property
     def shares_embeddings(self) -> bool:
@@ -51,14 +51,20 @@ class Variant:
         """A source's node keeps φ_k (or part of it) between rounds in its state."""
         return self.embeddings != "all"
 
+    @property
+    def keeps_state(self) -> bool:
+        """A source's node keeps tensors of its own (φ_k, or ψ_k where the model learns
+        positions): its state's embeddings file holds them, and export needs them."""
+        return self.keeps_embeddings or not self.shares_positions
+
 
 VARIANTS: dict[str, Variant] = {
     v.name: v
     for v in (
-        Variant("glob", False, False, "all", True, "FedAvg of the whole model, one vocabulary"),
-        Variant("trim", False, True, "rows", True, "the rows of the global φ a source uses"),
-        Variant("spec", False, True, "none", False, "per-source rows of a global vocabulary"),
-        Variant("spec-opt", True, False, "none", False, "per-source tokenizer and embeddings"),
+        Variant("glob", False, False, "all", True, "the whole model: FedAvg on everything"),
+        Variant("trim", False, True, "rows", True, "θ, ψ and its V_k rows of the global φ, by row"),
+        Variant("spec", False, True, "none", False, "one global tokenizer, own V_k rows of φ"),
+        Variant("spec-opt", True, False, "none", False, "own tokenizer and φ per source"),
     )
 }
 

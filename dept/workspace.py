@@ -7,7 +7,7 @@ Layout under the node's state root (``state-dir``)::
     cache/synthetic/...                             generated built-in corpora
     runs/<run-id>/<source>/vocab_ids.npy            V_k (SPEC, TRIM)
     runs/<run-id>/<source>/round-0007/              the source's state after training round 7:
-        embeddings.safetensors                      φ_k rows the node owns (not GLOB)
+        embeddings.safetensors                      φ_k rows the node owns, and ψ_k (SPEC, SPEC-OPT)
         optimizer.pt                                inner AdamW state (weights_only load)
         residual.safetensors                        what its compressed update lost (error
                                                     feedback), added to its next update
@@ -216,7 +216,7 @@ class SourceState:
     """What a source carries from one of its rounds to the next."""
 
     server_round: int
-    embeddings: dict[str, torch.Tensor]  # the rows the node owns; empty for GLOB
+    embeddings: dict[str, torch.Tensor]  # φ_k rows (and ψ_k) the node owns; none for GLOB
     optimizer: dict[str, Any] | None  # inner AdamW state_dict, when kept
     position: StreamPosition
     tokenizer: str  # digest of the tokenizer φ_k was trained for
@@ -245,7 +245,8 @@ def _atomic(path: Path, write: Any) -> None:
 def init_embeddings(
     shapes: dict[str, tuple[int, int]], seed: int, source: str
 ) -> dict[str, torch.Tensor]:
-    """Fresh φ_k, seeded by run seed and source name (reproducible, distinct per source)."""
+    """Fresh φ_k (and ψ_k), seeded by run seed and source name (reproducible, distinct per
+    source)."""
     gen = torch.Generator().manual_seed(seed * 1_000_003 + zlib.crc32(source.encode()))
     return {name: torch.randn(shape, generator=gen) * INIT_STD for name, shape in shapes.items()}
 

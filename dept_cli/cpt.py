@@ -117,7 +117,10 @@ def main(argv: list[str] | None = None) -> int:
     std = run_standard(
         pre, seen, resolve_path(pre.state_dir), temperature=0.3, sources_per_round=len(seen)
     )
-    bodies["STD τ=0.3 body"] = std.body
+    # The same start for both: where the DEPT body has no ψ (SPEC, SPEC-OPT keep it per
+    # source), STD's learned positions are left behind too and both adapt fresh ones.
+    dept_body = bodies[f"DEPT ({args.variant.upper()}) body"]
+    bodies["STD τ=0.3 body"] = {k: v for k, v in std.body.items() if k in dept_body}
     bodies["fresh body (from scratch)"] = None
     adapt_cfg = load_config({**common, "sources-file": str(held_file), "lr": args.cpt_lr})
     curves = {}

@@ -155,6 +155,7 @@ class SourceDirectory:
         for target in silent:
             self.failures[target.node] = f"no answer within {self.query_timeout_s:.0f} s"
             why = f"did not say which sources it serves: {self.failures[target.node]}"
+            log.warning("node %d %s", target.node, why)
             history.failed(server_round, target.node, why)
 
     def forget(self, node: int) -> None:

@@ -8,12 +8,10 @@ node the shared tensors with the round's global step, receive pseudo-gradients
 (:mod:`dept_strategy.screening`), combine the rest (weighted mean, or a robust rule), and take
 the outer optimizer step. Only accepted replies are credited with their tokens.
 
-What is shared, by variant:
-
-- SPEC, SPEC-OPT: the body θ only; embeddings never leave the nodes.
-- GLOB: θ and the whole global φ (FedAvg on the whole model).
-- TRIM: θ and the rows of φ in the source's V_k (asked once, :mod:`dept_strategy.vocabularies`);
-  each row is averaged over the sampled sources that hold it.
+What is shared is the variant's (:mod:`dept.variants`): θ, and ψ where the model learns
+positions and the variant shares them, are whole tensors to the strategy; the global φ
+(``embedding_names``) goes whole to every source (GLOB) or by each source's V_k rows (TRIM,
+asked once, :mod:`dept_strategy.vocabularies`), each row averaged over the sources holding it.
 
 The round loop (:mod:`server_app.federation`) uses the Flower methods and the few public ones
 below; what happened is in :attr:`DeptStrategy.history`, which only the strategy writes.
@@ -181,7 +179,7 @@ class DeptStrategy(Strategy):
         return self.history.elapsed_s()
 
     def summary(self) -> None:
-        shared = "θ only"
+        shared = "the body"
         if self.embedding_names:
             shared = "θ + φ rows in V_k" if self.vocabularies else "θ + the whole φ"
         log.info(

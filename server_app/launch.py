@@ -25,6 +25,7 @@ from flwr.common.config import parse_config_args
 from dept.budget import Device, check_server_fits, check_source_fits
 from dept.config import ConfigError, DeptConfig, config_keys, load_config, resolve_path
 from dept.lock import check_folder_free
+from dept.model import model_choice
 from dept.sharing import shared_vocab_size
 from dept.sources import SourceSpec, run_sources
 from dept.train import resolve_device
@@ -75,11 +76,21 @@ def app_defaults(app: Path) -> dict[str, Any]:
 
 
 def absolute_paths(config: dict[str, Any]) -> dict[str, Any]:
-    """Relative path values made absolute against the caller's working directory."""
+    """Relative path values made absolute against the caller's working directory (``model``
+    too where it names a config file, not a preset)."""
     return {
-        k: str(resolve_path(v, Path.cwd())) if k in PATH_KEYS and v else v
+        k: str(resolve_path(v, Path.cwd())) if v and _is_path(k, v) else v
         for k, v in config.items()
     }
+
+
+def _is_path(key: str, value: Any) -> bool:
+    if key == "model":
+        try:
+            return model_choice(str(value)).from_file
+        except ValueError:  # load_config names the problem
+            return False
+    return key in PATH_KEYS
 
 
 def gpu_share(num_clients: int) -> float:

@@ -2,8 +2,8 @@
 
 Files in ``output-dir``: ``config.json`` (the validated config), ``metrics.jsonl`` (one
 object per round, written as the round ends), ``metrics.csv`` (one row per round and
-source), ``summary.json``, ``body.safetensors`` (θ), ``embeddings.safetensors`` (the
-global φ, GLOB and TRIM only) and ``val_bpb.png``.
+source), ``summary.json``, ``body.safetensors`` (θ, and ψ where shared),
+``embeddings.safetensors`` (the global φ, GLOB and TRIM only) and ``val_bpb.png``.
 
 Everything is read from the strategy's :class:`~dept_strategy.history.RunHistory`, which the
 report never changes: a round's ``global_step`` there is the step at the start of its
@@ -251,13 +251,14 @@ def build_summary(history: RunHistory, cfg: DeptConfig, wall_s: float) -> dict[s
 
 def _parameters_where_they_live(history: RunHistory, cfg: DeptConfig) -> dict[str, Any]:
     """θ's size, and ψ's with where it lives: shared (with θ, through the server) or kept by
-    each source (counted in its ``embedding_params``). Models without learned positions
-    have a ψ of 0."""
+    each source (counted in its ``embedding_params``); a model without learned positions has
+    ``{"params": 0, "where": None}``."""
     positions = position_count(cfg.model, cfg.seq_len)
     shared = variant(cfg.variant).shares_positions
+    where = ("shared" if shared else "each source") if positions else None
     return {
         "body_params": history.body_params - (positions if shared else 0),
-        "positions": {"params": positions, "where": "shared" if shared else "each source"},
+        "positions": {"params": positions, "where": where},
     }
 
 

@@ -4,6 +4,7 @@ before any work with the key named."""
 from pathlib import Path
 
 import pytest
+from transformers import GPT2Config
 
 from dept.budget import Device, body_params, check_client_fits, check_server_fits
 from dept.config import ConfigError, load_config
@@ -61,3 +62,23 @@ def test_sizes_no_machine_serves_are_refused_by_the_schema(
         parse_source(
             {"name": "x", "path": "builtin:synthetic-latin", "vocab-size": 10**7}, tmp_path
         )
+
+
+@pytest.mark.parametrize(("variant", "server_holds_them"), [("glob", True), ("spec-opt", False)])
+def test_learned_positions_count_where_they_are_held(
+    tmp_path: Path, variant: str, server_holds_them: bool
+) -> None:
+    # A config.json whose context is far longer than the run needs: ψ alone is 6.4M x 256
+    # (26 GB with AdamW).
+    config = GPT2Config(n_embd=256, n_layer=1, n_head=4, n_positions=6_400_000)
+    (tmp_path / "long.json").write_text(config.to_json_string())
+    cfg = load_config(
+        debug_run_config(tmp_path, model=str(tmp_path / "long.json"), variant=variant)
+    )
+    with pytest.raises(ConfigError, match=r"config key 'model' .*: a client needs"):
+        check_client_fits(cfg, 4096, "config key 'global-vocab-size'", LAPTOP)
+    if server_holds_them:
+        with pytest.raises(ConfigError, match="the server needs"):
+            check_server_fits(cfg, 4096, memory=LAPTOP.memory)
+    else:
+        check_server_fits(cfg, 0, memory=LAPTOP.memory)

@@ -107,6 +107,8 @@ def test_a_gpt2_source_exports_with_its_positions(tmp_path: Path, variant: str) 
     with torch.no_grad():
         assert torch.allclose(exported(tokens).logits, local(tokens).logits, atol=1e-5)
     assert exported.config.model_type == "gpt2"
+    ids = AutoTokenizer.from_pretrained(out)("a b", return_tensors="pt").input_ids
+    assert exported.generate(ids).shape[1] <= 64, "the saved settings stay within ψ's rows"
     assert "gpt2" in (out / "README.md").read_text()
     if variant == "glob":
         assert isinstance(_generate(export_global(run_dir, tmp_path / "global"), "a"), str)

@@ -15,7 +15,7 @@ from dept.model import (
     catalogue,
     count_params,
     embedding_parameters,
-    load_body,
+    load_tensors,
     model_choice,
     position_count,
     position_parameters,
@@ -115,13 +115,13 @@ def test_tied_and_untied_embeddings() -> None:
     assert tied["input"].shape == (300, 64)
 
 
-def test_load_body_checks_names_and_shapes() -> None:
+def test_load_tensors_checks_names_and_shapes() -> None:
     model = build_model("debug", 300, 32)
     state = body_state(build_model("debug", 300, 32, seed=9))
-    load_body(model, state)
+    load_tensors(body_parameters(model), state, "body")
     assert all(torch.equal(body_state(model)[n], state[n]) for n in state)
     name = next(iter(state))
     with pytest.raises(KeyError):
-        load_body(model, {k: v for k, v in state.items() if k != name})
+        load_tensors(body_parameters(model), {k: v for k, v in state.items() if k != name}, "body")
     with pytest.raises(ValueError, match=name):
-        load_body(model, {**state, name: torch.zeros(1)})
+        load_tensors(body_parameters(model), {**state, name: torch.zeros(1)}, "body")
