@@ -38,7 +38,7 @@ DESCRIPTION = """\
 Run DEPT: flwr run in the simulation runtime, sized for this run and machine.
 
 Plain "flwr run ." starts two simulated SuperNodes and hides GPUs from
-ClientApps unless told otherwise. dept-run validates the run config first (a
+ClientApps unless told otherwise. dept run validates the run config first (a
 typo fails in a second, naming the key), starts one SuperNode per source, gives
 each client an equal share of the visible GPUs, makes relative paths absolute
 against your working directory (the local SuperLink may have been started
@@ -59,7 +59,7 @@ def project_dir() -> Path:
     root = Path(__file__).resolve().parents[1]
     if _is_flower_app(root):
         return root
-    raise SystemExit("dept-run: no Flower app here; run it from the project folder or pass --app")
+    raise SystemExit("dept run: no Flower app here; run it from the project folder or pass --app")
 
 
 def _is_flower_app(folder: Path) -> bool:
@@ -176,7 +176,7 @@ def keys_help() -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """dept-run's options; the help ends with examples and every run config key."""
+    """dept run's options; the help ends with examples and every run config key."""
     parser = argparse.ArgumentParser(
         prog="dept run",
         description=DESCRIPTION,
@@ -221,7 +221,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--keep-superlink",
         action="store_true",
         help="leave the local SuperLink running after the run (default: stop it if "
-        "dept-run started it)",
+        "dept run started it)",
     )
     return parser
 
@@ -237,12 +237,12 @@ def main(argv: list[str] | None = None) -> int:
         check_folder_free(resolve_path(cfg.output_dir))  # usable, and no other run in it
         check_fits_here(cfg, sources)
     except (ConfigError, click.ClickException) as exc:
-        print(f"dept-run: error: {getattr(exc, 'message', exc)}", file=sys.stderr)
+        print(f"dept run: error: {getattr(exc, 'message', exc)}", file=sys.stderr)
         return 2
     gpus = gpu_share(num_nodes) if args.gpus_per_client is None else args.gpus_per_client
     command = build_command(app, overrides, num_nodes, gpus, stream=not args.no_stream)
     print(
-        f"dept-run: {num_nodes} SuperNodes, {gpus} GPU each; outputs in {cfg.output_dir}",
+        f"dept run: {num_nodes} SuperNodes, {gpus} GPU each; outputs in {cfg.output_dir}",
         flush=True,
     )
     was_running = _superlink_running()
@@ -262,7 +262,7 @@ def _finished(out_dir: Path, started: float) -> int:
     if summary.is_file() and summary.stat().st_mtime >= started:
         return 0
     print(
-        f"dept-run: error: the run ended without writing {summary} (see the log above); "
+        f"dept run: error: the run ended without writing {summary} (see the log above); "
         'continue it with -c "resume=true" and the same settings',
         file=sys.stderr,
     )

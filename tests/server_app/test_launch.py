@@ -14,7 +14,7 @@ from server_app.launch import main as dept_run
 def _refused(capsys: pytest.CaptureFixture, *overrides: str) -> str:
     assert dept_run(["-c", " ".join(overrides)]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("dept-run: error: ") and err.count("\n") == 1, err
+    assert err.startswith("dept run: error: ") and err.count("\n") == 1, err
     return err
 
 
@@ -51,7 +51,7 @@ def test_a_bad_sources_file(
 
 def test_a_round_no_machine_here_can_finish(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     err = _refused(capsys, "grad-accum-steps=100000", f"output-dir='{tmp_path / 'out'}'")
-    assert err.startswith("dept-run: error: config key 'grad-accum-steps' (100,000)"), err
+    assert err.startswith("dept run: error: config key 'grad-accum-steps' (100,000)"), err
 
 
 def test_a_sequence_whose_logits_cannot_fit(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
