@@ -110,8 +110,8 @@ class BaselineRun:
     """Per-round evaluations of a baseline, what it cost, and the body it ends with."""
 
     name: str
-    embedding_params: int
-    body_params: int
+    embedding_params: int  # φ
+    body_params: int  # everything else: θ, and ψ (one model shares its positions, like GLOB)
     tokens_trained: int = 0
     rounds: list[BaselineRound] = field(default_factory=list)
     body: dict[str, torch.Tensor] = field(default_factory=dict)  # θ, and ψ where learned
