@@ -1,0 +1,49 @@
+"""Mock replies for DeptStrategy tests: a tiny body, a strategy over it, the messages it
+sends and the replies a source would give."""
+
+import numpy as np
+import torch
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+
+from dept import keys
+from dept_strategy.inflight import Target
+from dept_strategy.outer import OuterOptimizer
+from dept_strategy.strategy import DeptStrategy
+
+BODY = {"a": torch.ones(2, 3), "b": torch.zeros(4)}
+
+
+def mock_strategy(**kwargs) -> DeptStrategy:
+    return DeptStrategy(
+        local_steps=5,
+        run_id="r",
+        **{"outer": OuterOptimizer(BODY, kind="fedavg"), "wait_for_nodes_s": 1.0, **kwargs},
+    )
+
+
+def instruction_to(strategy: DeptStrategy, node: int, source: str) -> Message:
+    """A message the strategy sent (and tracks) to ``node`` for ``source``."""
+    msg = Message(RecordDict({keys.CONFIG: ConfigRecord()}), node, "train")
+    msg.metadata.__dict__["_message_id"] = f"m{node}-{source}"
+    strategy.in_flight.track(msg, Target(node, source))
+    return msg
+
+
+def train_reply(
+    strategy: DeptStrategy, node: int, arrays: dict, weight: float, source: str
+) -> Message:
+    content = RecordDict(
+        {
+            keys.ARRAYS: ArrayRecord({k: Array(np.asarray(v)) for k, v in arrays.items()}),
+            keys.METRICS: MetricRecord(
+                {
+                    keys.NUM_EXAMPLES: weight,
+                    keys.TRAIN_LOSS: 2.0,
+                    keys.LOCAL_STEPS: 5,
+                    keys.EMBEDDING_PARAMS: 10,
+                }
+            ),
+            keys.INFO: ConfigRecord({keys.SOURCE: source}),
+        }
+    )
+    return Message(content, reply_to=instruction_to(strategy, node, source))
