@@ -26,6 +26,7 @@ from flwr.serverapp import Grid
 from dept.budget import Device, check_server_fits
 from dept.config import ConfigError, DeptConfig, load_config, resolve_path, to_run_config
 from dept.lock import exclusive_folder
+from dept.model import model_choice
 from dept.sharing import initial_tensors, shared_vocab_size
 from dept.sources import run_sources
 from dept.train import max_round_update
@@ -143,13 +144,25 @@ def _resume(cfg: DeptConfig, out_dir: Path) -> tuple[DeptStrategy, Checkpoint]:
 
 def _check_same_run(cfg: DeptConfig, saved: Mapping[str, Any]) -> None:
     now = to_run_config(cfg)
-    changed = sorted(k for k in now.keys() - RESUMABLE_CHANGES if saved.get(k) != now[k])
+    changed = sorted(
+        k
+        for k in now.keys() - RESUMABLE_CHANGES
+        if saved.get(k) != now[k] and not (k == "model" and _same_model(saved[k], now[k]))
+    )
     if changed:
         raise ConfigError(
             f"config key 'resume': {', '.join(changed)} differ from the checkpointed run "
             f"({', '.join(f'{k}={saved.get(k)!r}' for k in changed)}); a resumed run must be "
             "the same run"
         )
+
+
+def _same_model(saved: Any, now: str) -> bool:
+    """Two names of one model (``tiny`` and ``llama:tiny``) are the same run's."""
+    try:
+        return model_choice(str(saved)) == model_choice(now)
+    except ValueError:  # the saved name no longer parses: a different run
+        return False
 
 
 def _build_strategy(cfg: DeptConfig, run_id: str) -> DeptStrategy:

@@ -130,6 +130,11 @@ def test_resume_refuses_a_changed_run_or_a_missing_checkpoint(tmp_path: Path) ->
     changed = {**config, "resume": True, "lr": 0.01}
     with pytest.raises(ConfigError, match="lr differ"):
         run_federation(LocalGrid(client_app, NODES, changed), changed)
+    other_model = {**config, "resume": True, "model": "gpt2:debug"}
+    with pytest.raises(ConfigError, match="model differ"):
+        run_federation(LocalGrid(client_app, NODES, other_model), other_model)
+    renamed = {**config, "resume": True, "model": "llama:debug"}  # "debug" by its full name
+    assert run_federation(LocalGrid(client_app, NODES, renamed), renamed).summary["rounds"] == 1
 
 
 def test_every_checkpoint_unusable_is_a_clear_error(tmp_path: Path) -> None:
