@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -89,7 +90,9 @@ class DeptConfig:
     )
     min_lr_ratio: float = doc(0.1, "the schedule ends at lr x this; in [0, 1]")
     warmup_steps: int = doc(
-        10, "linear warmup steps of that schedule; >= 0 and < num-server-rounds x local-steps"
+        10,
+        "linear warmup steps of that schedule; >= 0, at most num-server-rounds x local-steps "
+        "- 1 (a shorter run warms up that long, and logs it)",
     )
     weight_decay: float = doc(0.1, "AdamW weight decay, on matrices only; >= 0")
     grad_clip: float = doc(1.0, "max gradient norm of an inner step; 0 disables clipping")
@@ -229,12 +232,6 @@ class DeptConfig:
         for f in fields(self):
             value = getattr(self, f.name)
             _check(f.name, not isinstance(value, float) or math.isfinite(value), "must be finite")
-        _check(
-            "warmup_steps",
-            self.warmup_steps < self.total_steps,
-            f"({self.warmup_steps}) must be smaller than num-server-rounds x local-steps "
-            f"({self.total_steps}), or the learning rate never decays",
-        )
         outer = OUTER_OPTIMIZERS[self.outer_optimizer]
         _check(
             "outer_momentum",
@@ -284,6 +281,12 @@ class DeptConfig:
         """Length of the one global learning-rate schedule (all rounds)."""
         return self.num_server_rounds * self.local_steps
 
+    @property
+    def warmup(self) -> int:
+        """The warmup the schedule uses: ``warmup-steps``, clamped so that a run shorter than
+        it still reaches its peak learning rate (a 2-step run warms up 1 step)."""
+        return min(self.warmup_steps, self.total_steps - 1)
+
 
 def _check(name: str, ok: bool, why: str, where: str = "config") -> None:
     if not ok:
@@ -325,6 +328,7 @@ def build_structured(schema_cls: type[T], layers: list[dict[str, Any]], where: s
     """
     schema = OmegaConf.structured(schema_cls)
     known = {f.name for f in fields(schema_cls)}  # type: ignore[arg-type]
+    types = get_type_hints(schema_cls)
     try:
         for layer in layers:
             unknown = sorted(k for k in layer if "_" in k or snake(k) not in known)
@@ -333,6 +337,7 @@ def build_structured(schema_cls: type[T], layers: list[dict[str, Any]], where: s
                     f"{where}: unknown key(s) {', '.join(unknown)} (keys are kebab-case; known: "
                     f"{', '.join(sorted(kebab(k) for k in known))})"
                 )
+            _refuse_quoted_numbers(layer, types, where)
             schema = OmegaConf.merge(schema, {snake(k): v for k, v in layer.items()})
         obj = OmegaConf.to_object(schema)
     except OmegaConfBaseException as exc:
@@ -343,10 +348,34 @@ def build_structured(schema_cls: type[T], layers: list[dict[str, Any]], where: s
     return obj
 
 
+def _refuse_quoted_numbers(layer: dict[str, Any], types: dict[str, Any], where: str) -> None:
+    """A number or a switch written as a string (``lr='0.01'``) is a mistake omegaconf would
+    quietly convert; the schema's promise is that a wrong type fails, naming the key."""
+    for key, value in layer.items():
+        wanted = types.get(snake(key))
+        if isinstance(value, str) and wanted in (int, float, bool):
+            raise ConfigError(
+                f"{where} key '{key}' is the string {value!r}; write it as a "
+                f"{'true/false' if wanted is bool else 'number'}, without quotes"
+            )
+
+
+class YamlLoader(yaml.SafeLoader):
+    """YAML as people write it: PyYAML (YAML 1.1) reads ``1e-3`` as a string, YAML 1.2 and
+    every other tool as a float."""
+
+
+YamlLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$"),
+    list("-+0123456789."),
+)
+
+
 def _read_yaml_mapping(path: Path) -> dict[str, Any]:
     if not path.is_file():
         raise ConfigError(f"config file {path} does not exist")
-    data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    data = yaml.load(path.read_text(encoding="utf-8"), Loader=YamlLoader) or {}
     if not isinstance(data, dict):
         raise ConfigError(f"config file {path} must hold a mapping of run config keys")
     return data

@@ -28,6 +28,7 @@ from dept.config import (
     MAX_VOCAB_SIZE,
     ConfigError,
     DeptConfig,
+    YamlLoader,
     build_structured,
     kebab,
     resolve_path,
@@ -154,7 +155,7 @@ def _read_yaml(path: Path) -> Any:
     except UnicodeDecodeError as exc:
         raise ConfigError(f"{where} {decode_error_text(exc)}") from exc
     try:
-        return yaml.safe_load(text)
+        return yaml.load(text, Loader=YamlLoader)
     except yaml.YAMLError as exc:
         raise ConfigError(f"{where} is not valid YAML: {_yaml_problem(exc)}") from exc
 

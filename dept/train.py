@@ -54,10 +54,10 @@ def resolve_device(name: str) -> torch.device:
 
 def lr_at(step: int, cfg: DeptConfig) -> float:
     """Linear warmup to ``lr`` then cosine decay to ``lr * min-lr-ratio`` at the last step."""
-    if step < cfg.warmup_steps:
-        return cfg.lr * (step + 1) / cfg.warmup_steps
-    span = max(1, cfg.total_steps - cfg.warmup_steps)
-    progress = min(1.0, (step - cfg.warmup_steps) / span)
+    if step < cfg.warmup:
+        return cfg.lr * (step + 1) / cfg.warmup
+    span = max(1, cfg.total_steps - cfg.warmup)
+    progress = min(1.0, (step - cfg.warmup) / span)
     floor = cfg.lr * cfg.min_lr_ratio
     return floor + 0.5 * (cfg.lr - floor) * (1 + math.cos(math.pi * progress))
 

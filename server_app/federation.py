@@ -85,6 +85,13 @@ def _run_rounds(grid: Grid, cfg: DeptConfig, out_dir: Path, declared: set[str]) 
         cfg.local_steps,
         out_dir,
     )
+    if cfg.warmup < cfg.warmup_steps:
+        log.warning(
+            "warmup-steps %d is longer than the run's %d steps: warming up %d",
+            cfg.warmup_steps,
+            cfg.total_steps,
+            cfg.warmup,
+        )
     shutil.rmtree(out_dir / SPOOL_DIR, ignore_errors=True)  # what a crashed run left
     if cfg.resume:  # fails before any work
         strategy, checkpoint = _resume(cfg, out_dir)

@@ -17,6 +17,7 @@ from dept.config import (
 )
 from dept.outer_optimizers import OUTER_OPTIMIZERS, OuterName
 from dept.sources import check_source_paths, load_sources
+from dept.train import lr_at
 from dept.variants import VARIANTS, VariantName
 from tests.helpers import debug_run_config
 
@@ -49,7 +50,9 @@ def test_defaults_round_trip(tmp_path: Path) -> None:
         ({"outlier-action": "drop"}, "^config key 'outlier-action': Invalid value 'drop'"),
         ({"compression-error-feedback": "maybe"}, "compression-error-feedback"),
         ({"lr": float("inf")}, "'lr' must be finite"),
-        ({"warmup-steps": 16}, "warmup-steps.*never decays"),
+        ({"lr": "0.01"}, r"^config key 'lr' is the string '0\.01'; write it as a number"),
+        ({"local-steps": "7"}, "^config key 'local-steps' is the string '7'"),
+        ({"resume": "true"}, "'resume' is the string 'true'; write it as a true/false"),
     ],
 )
 def test_bad_values_name_the_key(tmp_path: Path, override: dict, named: str) -> None:
@@ -60,12 +63,20 @@ def test_bad_values_name_the_key(tmp_path: Path, override: dict, named: str) -> 
 
 def test_yaml_layer_and_overrides(tmp_path: Path) -> None:
     layer = tmp_path / "run.yaml"
-    layer.write_text("local-steps: 7\nlr: 0.01\n")
+    layer.write_text("local-steps: 7\nlr: 1e-2\nweight-decay: 5.0E-2\n")  # YAML 1.2 floats
+    assert load_config(debug_run_config(tmp_path), layer).weight_decay == 0.05
     cfg = load_config(debug_run_config(tmp_path), layer, {"lr": 0.02})
     assert (cfg.local_steps, cfg.lr) == (7, 0.02)
     layer.write_text("local_steps: 7\n")
     with pytest.raises(ConfigError, match="local_steps"):
         load_config(debug_run_config(tmp_path), layer)
+
+
+def test_a_warmup_longer_than_the_run_is_clamped(tmp_path: Path) -> None:
+    overrides = {"num-server-rounds": 1, "local-steps": 3, "warmup-steps": 10}
+    cfg = load_config(debug_run_config(tmp_path, **overrides))
+    assert (cfg.warmup_steps, cfg.warmup, cfg.total_steps) == (10, 2, 3)
+    assert [lr_at(step, cfg) for step in range(3)] == [cfg.lr / 2, cfg.lr, cfg.lr]
 
 
 def test_relative_paths_resolve_against_dept_home(tmp_path: Path, monkeypatch) -> None:

@@ -119,7 +119,7 @@ def test_a_node_answers_with_the_bad_file(tmp_path: Path) -> None:
         (b"- 3\n", ": each source must be a mapping (entry 1 is the int 3)"),
         (
             b"- name: a\n  path: x\n  vocab-size: abc\n",
-            ": source 'a' key 'vocab-size': Value 'abc' of type 'str' could not be converted",
+            ": source 'a' key 'vocab-size' is the string 'abc'; write it as a number",
         ),
     ],
 )
