@@ -258,12 +258,14 @@ def _initialise(model: PreTrainedModel, family: Family, num_layers: int) -> None
             nn.init.normal_(param, mean=0.0, std=INIT_STD)
 
 
+@functools.cache  # asked for every reply a client sends (its embedding_params)
 def model_width(name: str) -> int:
     """Hidden size C of ``name``: the width of every φ and ψ row."""
     choice = model_choice(name)
     return int(choice.family.config_class(**choice.settings).hidden_size)
 
 
+@functools.cache
 def position_count(name: str, max_seq_len: int) -> int:
     """ψ's parameters (0 for a model without learned positions)."""
     choice = model_choice(name)

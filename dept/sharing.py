@@ -61,12 +61,8 @@ def initial_tensors(cfg: DeptConfig) -> tuple[dict[str, torch.Tensor], tuple[str
         seed=cfg.seed,
     )
     v = variant(cfg.variant)
-    tensors = {
-        name: p.detach().to("cpu", torch.float32).clone()
-        for name, p in shared_parameters(model, v).items()
-    }
     names = tuple(embedding_parameters(model)) if v.shares_embeddings else ()
-    return tensors, names
+    return shared_state(model, v, shared_vocab_size(cfg)), names
 
 
 def shared_state(model: PreTrainedModel, v: Variant, rows: int) -> dict[str, torch.Tensor]:

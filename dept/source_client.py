@@ -23,7 +23,7 @@ import numpy as np
 import torch
 from transformers import PreTrainedModel
 
-from dept.budget import Device, check_client_fits, check_source_fits, vocab_key
+from dept.budget import Device, check_client_fits, check_source_fits, embedding_params, vocab_key
 from dept.compression import compress_with_feedback, encode
 from dept.config import DeptConfig
 from dept.data import (
@@ -38,7 +38,6 @@ from dept.model import (
     build_model,
     embedding_parameters,
     load_tensors,
-    model_width,
     position_count,
 )
 from dept.sharing import own_parameters, shared_parameters, shared_state
@@ -223,8 +222,7 @@ class SourceClient:
     def embedding_params(self) -> int:
         """Embedding parameters that live with this source: its φ rows, and ψ_k where its
         learned positions stay home (shared positions count with the body)."""
-        width = model_width(self.cfg.model)
-        phi = self.vocab_size * width * (1 if self.cfg.tie_embeddings else 2)
+        phi = embedding_params(self.cfg, self.vocab_size)
         own_positions = not self.variant.shares_positions
         return phi + (position_count(self.cfg.model, self.cfg.seq_len) if own_positions else 0)
 

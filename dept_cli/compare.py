@@ -181,7 +181,7 @@ def base_config(args: argparse.Namespace, out: Path) -> DeptConfig:
             "local-steps": args.local_steps,
             "batch-size": args.batch_size,
             "seq-len": args.seq_len,
-            "warmup-steps": min(args.warmup_steps, rounds * args.local_steps - 1),
+            "warmup-steps": args.warmup_steps,  # clamped to a short run's steps by the config
             "global-vocab-size": args.global_vocab_size,
             "eval-bytes": args.eval_bytes,
             "outer-optimizer": args.outer_optimizer,

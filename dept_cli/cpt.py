@@ -53,8 +53,7 @@ def adapt(
         {
             **to_run_config(cfg),
             "num-server-rounds": rounds,
-            "local-steps": every,
-            "warmup-steps": min(cfg.warmup_steps, rounds * every - 1),
+            "local-steps": every,  # a warmup-steps longer than the steps is clamped
         }
     )
     return run_standard(
