@@ -57,7 +57,8 @@ from dept.sources import run_sources
 from dept.train import make_inner_optimizer, next_token_loss
 from dept.workspace import Workspace
 from dept_cli.in_process import in_process_grid
-from server_app.launch import _superlink_running, build_command, stop_local_superlink
+from server_app.launch import build_command
+from server_app.local_runtime import local_runtime
 
 PROJECT = Path(__file__).resolve().parents[1]
 TARGET = 0.95
@@ -134,8 +135,6 @@ def flwr_run(
     run_config: dict[str, Any], work: Path, rounds: int, threads: int, repeat: int
 ) -> dict:
     """One ``flwr run`` in the simulation runtime; medians over its training rounds."""
-    if _superlink_running():
-        raise RuntimeError("a local SuperLink already runs on 127.0.0.1:39091; stop it first")
     out = work / f"flwr-{repeat}"
     overrides = {
         **run_config,
@@ -148,18 +147,13 @@ def flwr_run(
     federation = command.index("--federation-config") + 1
     command[federation] += " client-resources-num-cpus=1"  # one CPU per actor, as measured
     # --stream: flwr run returns only when the run ends (without it, once it is submitted)
-    env = {
-        **os.environ,
-        "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
-        "OMP_NUM_THREADS": str(threads),  # torch's threads in the Ray actors, as in the others
-    }
     started = time.perf_counter()
-    try:
+    with local_runtime(work / "flwr-home") as runtime:  # its own ports, stopped after
+        # OMP_NUM_THREADS: torch's threads in the Ray actors, as in the other arms
+        env = {**runtime.env(dict(os.environ)), "OMP_NUM_THREADS": str(threads)}
         done = subprocess.run(command, cwd=PROJECT, env=env, capture_output=True, text=True)
-        if not (out / "summary.json").is_file():
-            raise RuntimeError(f"flwr run wrote no summary:\n{(done.stdout + done.stderr)[-2000:]}")
-    finally:
-        stop_local_superlink()
+    if not (out / "summary.json").is_file():
+        raise RuntimeError(f"flwr run wrote no summary:\n{(done.stdout + done.stderr)[-2000:]}")
     lines = (out / "metrics.jsonl").read_text().splitlines()
     rows = [json.loads(line) for line in lines]
     trained = [(r, next(iter(r["sources"].values()))) for r in rows if r["round"] > 0]
@@ -178,7 +172,6 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
     work = args.work
-    os.environ["FLWR_HOME"] = str(work / "flwr-home")  # flwr run and stop_local_superlink
     run_config = corpora_run_config(
         [args.source],
         work,

@@ -20,7 +20,7 @@ import hashlib
 import json
 import logging
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,7 +28,8 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
-from dept.config import ConfigError
+from dept.config import ConfigError, DeptConfig, to_run_config
+from dept.model import model_choice
 from dept.workspace import replace_dir
 from server_app.report import dumps
 
@@ -39,6 +40,19 @@ STATE_FILE = "state.json"
 DIGESTS_FILE = "SHA256SUMS"
 KEEP = 3
 REQUIRED_FIELDS = ("round", "run_config", "strategy")
+# Keys that may change between an interrupted run and its resumption: they do not change
+# what is computed, only how long to wait and where (a moved output folder included).
+RESUMABLE_CHANGES = frozenset(
+    {
+        "resume",
+        "output-dir",
+        "wait-for-nodes-s",
+        "round-timeout-s",
+        "min-available-nodes",
+        "device",
+        "source-keys-file",
+    }
+)
 
 
 class CheckpointError(RuntimeError):
@@ -96,6 +110,47 @@ def load_latest(
     if problems:
         raise CheckpointError("no usable checkpoint: " + "; ".join(problems))
     return None
+
+
+def saved_run_config(out_dir: Path) -> tuple[int, dict[str, Any]] | None:
+    """The round and run config of the newest checkpoint whose state reads (its digests
+    are checked when the run resumes); None when ``out_dir`` holds none. Cheap: the
+    tensors are not read."""
+    root = out_dir / CHECKPOINTS
+    for path in reversed(_round_dirs(root) if root.is_dir() else []):
+        try:
+            state = json.loads((path / STATE_FILE).read_text())
+            return int(state["round"]), dict(state["run_config"])
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+    return None
+
+
+def check_same_run(cfg: DeptConfig, saved: Mapping[str, Any]) -> None:
+    """A :class:`ConfigError` naming every key, other than :data:`RESUMABLE_CHANGES`,
+    whose value differs from the checkpointed run's (a changed run is not resumed)."""
+    now = to_run_config(cfg)
+    # a key added since the checkpoint was written had its default then
+    saved = {**to_run_config(DeptConfig()), **saved}
+    changed = sorted(
+        k
+        for k in now.keys() - RESUMABLE_CHANGES
+        if saved[k] != now[k] and not (k == "model" and _same_model(saved[k], now[k]))
+    )
+    if changed:
+        raise ConfigError(
+            f"config key 'resume': {', '.join(changed)} differ from the checkpointed run "
+            f"({', '.join(f'{k}={saved[k]!r}' for k in changed)}); a resumed run must be "
+            "the same run"
+        )
+
+
+def _same_model(saved: Any, now: str) -> bool:
+    """Two names of one model (``tiny`` and ``llama:tiny``) are the same run's."""
+    try:
+        return model_choice(str(saved)) == model_choice(now)
+    except ValueError:  # the saved name no longer parses: a different run
+        return False
 
 
 def _load(path: Path) -> Checkpoint:

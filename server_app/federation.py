@@ -26,7 +26,6 @@ from flwr.serverapp import Grid
 from dept.budget import Device, check_server_fits
 from dept.config import ConfigError, DeptConfig, load_config, resolve_path, to_run_config
 from dept.lock import exclusive_folder
-from dept.model import model_choice
 from dept.sharing import initial_tensors, shared_vocab_size
 from dept.sources import run_sources
 from dept.train import max_round_update
@@ -36,21 +35,18 @@ from dept_strategy.outer import OuterOptimizer
 from dept_strategy.screening import Defences
 from dept_strategy.strategy import DeptStrategy
 from server_app.arrivals import replies_as_they_arrive
-from server_app.checkpoint import CHECKPOINTS, Checkpoint, load_latest, save_checkpoint
+from server_app.checkpoint import (
+    CHECKPOINTS,
+    Checkpoint,
+    check_same_run,
+    load_latest,
+    save_checkpoint,
+)
 from server_app.report import RunReport
+from server_app.run_status import ERROR_LOG, write_failed, write_finished
 
 log = logging.getLogger(__name__)
 SPOOL_DIR = ".spool"  # a round's replies wait here until the round is combined
-# Keys that may change between an interrupted run and its resumption: they do not change
-# what is computed, only how long to wait and where.
-RESUMABLE_CHANGES = {
-    "resume",
-    "wait-for-nodes-s",
-    "round-timeout-s",
-    "min-available-nodes",
-    "device",
-    "source-keys-file",
-}
 
 
 @dataclass(frozen=True)
@@ -71,7 +67,13 @@ def run_federation(grid: Grid, run_config: Mapping[str, Any]) -> RunResult:
     check_server_fits(cfg, shared_vocab_size(cfg), Device.here("cpu").memory)
     out_dir = resolve_path(cfg.output_dir)
     with exclusive_folder(out_dir):
-        summary = _run_rounds(grid, cfg, out_dir, declared)
+        try:
+            summary = _run_rounds(grid, cfg, out_dir, declared)
+        except Exception as exc:
+            write_failed(out_dir, exc)
+            exc.add_note(f"traceback in {out_dir / ERROR_LOG}")
+            raise
+        write_finished(out_dir)
     return RunResult(out_dir, summary)
 
 
@@ -128,7 +130,7 @@ def _resume(cfg: DeptConfig, out_dir: Path) -> tuple[DeptStrategy, Checkpoint]:
     restored: list[DeptStrategy] = []
 
     def restore(checkpoint: Checkpoint) -> None:
-        _check_same_run(cfg, checkpoint.state["run_config"])
+        check_same_run(cfg, checkpoint.state["run_config"])
         strategy = _build_strategy(cfg, str(checkpoint.state["strategy"]["run_id"]))
         strategy.resume(checkpoint.tensors, checkpoint.state["strategy"], checkpoint.server_round)
         restored.append(strategy)
@@ -147,29 +149,6 @@ def _resume(cfg: DeptConfig, out_dir: Path) -> tuple[DeptStrategy, Checkpoint]:
         checkpoint.path,
     )
     return strategy, checkpoint
-
-
-def _check_same_run(cfg: DeptConfig, saved: Mapping[str, Any]) -> None:
-    now = to_run_config(cfg)
-    changed = sorted(
-        k
-        for k in now.keys() - RESUMABLE_CHANGES
-        if saved.get(k) != now[k] and not (k == "model" and _same_model(saved[k], now[k]))
-    )
-    if changed:
-        raise ConfigError(
-            f"config key 'resume': {', '.join(changed)} differ from the checkpointed run "
-            f"({', '.join(f'{k}={saved.get(k)!r}' for k in changed)}); a resumed run must be "
-            "the same run"
-        )
-
-
-def _same_model(saved: Any, now: str) -> bool:
-    """Two names of one model (``tiny`` and ``llama:tiny``) are the same run's."""
-    try:
-        return model_choice(str(saved)) == model_choice(now)
-    except ValueError:  # the saved name no longer parses: a different run
-        return False
 
 
 def _build_strategy(cfg: DeptConfig, run_id: str) -> DeptStrategy:

@@ -9,7 +9,6 @@ import argparse
 import json
 import math
 import os
-import signal
 import subprocess
 import sys
 import textwrap
@@ -19,7 +18,6 @@ from pathlib import Path
 from typing import Any
 
 import click
-import httpx
 from flwr.common.config import parse_config_args
 
 from dept.budget import Device, check_server_fits, check_source_fits
@@ -27,28 +25,44 @@ from dept.config import ConfigError, DeptConfig, config_keys, load_config, resol
 from dept.lock import check_folder_free
 from dept.model import model_choice
 from dept.sharing import shared_vocab_size
-from dept.sources import SourceSpec, run_sources
+from dept.sources import SourceSpec, check_source_paths, run_sources
 from dept.train import resolve_device
+from server_app.checkpoint import (
+    CHECKPOINTS,
+    RESUMABLE_CHANGES,
+    check_same_run,
+    saved_run_config,
+)
+from server_app.local_runtime import HTTP_PORT_VARIABLE, LocalRuntime, Stopped, stop_signals
+from server_app.run_status import DEBUG_VARIABLE, STATUS_FILE, one_line, read_status
 
 PATH_KEYS = ("sources-file", "output-dir", "state-dir")
-LOCAL_SUPERLINK_HEALTH = "http://127.0.0.1:39091/health"
+FLOWER_HOME = ".flwr"  # the run's own Flower home, in its output folder
+RESUME_OPTIONS = RESUMABLE_CHANGES - {"resume", "output-dir"}  # --resume names both
 HELP_WIDTH = 79
 INDENT = " " * 6  # of a run config key's doc under its name
 DESCRIPTION = """\
 Run DEPT: flwr run in the simulation runtime, sized for this run and machine.
 
-Plain "flwr run ." starts two simulated SuperNodes and hides GPUs from
-ClientApps unless told otherwise. dept run validates the run config first (a
+Plain "flwr run ." starts two simulated SuperNodes, hides GPUs from ClientApps
+and shares one background SuperLink (fixed ports) with every user of the
+machine. dept run validates the run config, sources and output folder first (a
 typo fails in a second, naming the key), starts one SuperNode per source, gives
-each client an equal share of the visible GPUs, makes relative paths absolute
-against your working directory (the local SuperLink may have been started
-elsewhere), turns off Flower's per-run dependency installation (it would
-download a CUDA build of torch), streams the logs, and stops the local
-SuperLink it started when the run ends."""
+each client an equal share of the visible GPUs, makes relative paths absolute,
+runs its own SuperLink on free loopback ports with its own Flower home
+(OUTPUT_DIR/.flwr; FLWR_HOME and FLWR_LOCAL_SUPERLINK_HTTP_API_PORT are
+honoured), turns off Flower's per-run dependency installation (it would
+download a CUDA build of torch), streams the logs, and stops every process the
+run started when it ends. Ctrl-C or SIGTERM stops the run within 30 s and says
+which round it can resume after; --resume continues it.
+
+exit codes: 0 finished; 1 the run failed; 2 bad config, sources or folder;
+130 (SIGINT) or 143 (SIGTERM) stopped."""
 EXAMPLES = """\
 examples:
   dept run -c "model='debug' num-server-rounds=2 output-dir='runs/debug'"
-  dept run -c "model='gpt2:tiny' variant='glob' compression='int8'" -c "seed=1" --no-stream"""
+  dept run -c "model='gpt2:tiny' variant='glob' compression='int8'" -c "seed=1" --no-stream
+  dept run --resume runs/debug                  # after Ctrl-C: the same run goes on"""
 
 
 def project_dir() -> Path:
@@ -129,29 +143,6 @@ def _toml(value: Any) -> str:
     return repr(value)
 
 
-def _superlink_running() -> bool:
-    try:
-        return httpx.get(LOCAL_SUPERLINK_HEALTH, timeout=1.0).is_success
-    except httpx.HTTPError:
-        return False
-
-
-def stop_local_superlink() -> None:
-    """Stop the background SuperLink that ``flwr run`` started for the simulation."""
-    flwr_home = os.environ.get("FLWR_HOME") or str(Path.home() / ".flwr")
-    found = subprocess.run(
-        ["pgrep", "-f", f"flower-superlink.*{flwr_home}/local-superlink"],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    for pid in found.stdout.split():
-        os.kill(int(pid), signal.SIGTERM)
-    deadline = time.monotonic() + 10
-    while _superlink_running() and time.monotonic() < deadline:
-        time.sleep(0.2)
-
-
 def check_fits_here(cfg: DeptConfig, sources: list[SourceSpec]) -> None:
     """The server and every client of this simulation fit this machine (:mod:`dept.budget`)."""
     check_server_fits(cfg, shared_vocab_size(cfg), Device.here("cpu").memory)
@@ -218,55 +209,158 @@ def build_parser() -> argparse.ArgumentParser:
         "--no-stream", action="store_true", help="do not stream the run's logs (default: stream)"
     )
     parser.add_argument(
+        "--resume",
+        type=Path,
+        default=None,
+        metavar="OUTPUT_DIR",
+        help="continue the run checkpointed in OUTPUT_DIR with its own config; -c may "
+        f"change only {', '.join(sorted(RESUME_OPTIONS))}",
+    )
+    parser.add_argument(
         "--keep-superlink",
         action="store_true",
-        help="leave the local SuperLink running after the run (default: stop it if "
-        "dept run started it)",
+        help="leave this run's local SuperLink running after the run (default: stop it)",
+    )
+    parser.add_argument(
+        "--debug",
+        action="store_true",
+        help="show tracebacks, here and in the ServerApp's log (default: one line per error)",
     )
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    app = (args.app or project_dir()).resolve()
     try:
-        overrides = absolute_paths({**_path_defaults(app), **parse_config_args(args.run_config)})
-        cfg = load_config(app_defaults(app), overrides=overrides)
-        sources = run_sources(cfg)
-        num_nodes = args.num_supernodes or len(sources)
-        check_folder_free(resolve_path(cfg.output_dir))  # usable, and no other run in it
-        check_fits_here(cfg, sources)
+        return _launch(args)
     except (ConfigError, click.ClickException) as exc:
         print(f"dept run: error: {getattr(exc, 'message', exc)}", file=sys.stderr)
         return 2
+    except Exception as exc:
+        if args.debug:
+            raise
+        print(f"dept run: error: {one_line(exc)} (--debug shows where)", file=sys.stderr)
+        return 1
+
+
+def _launch(args: argparse.Namespace) -> int:
+    """Check everything that can be checked here, then run ``flwr run`` on this run's own
+    local runtime; the exit code says how the run ended."""
+    app = (args.app or project_dir()).resolve()
+    given = parse_config_args(args.run_config)
+    if args.resume:
+        overrides = resume_overrides(args.resume.resolve(), absolute_paths(given))
+    else:
+        overrides = absolute_paths({**_path_defaults(app), **given})
+    cfg = load_config(app_defaults(app), overrides=overrides)
+    out_dir = resolve_path(cfg.output_dir)
+    sources = run_sources(cfg)
+    check_source_paths(sources)
+    check_folder_free(out_dir)  # usable, and no other run in it
+    if cfg.resume:
+        check_resumable(cfg, out_dir)
+    check_fits_here(cfg, sources)
+    num_nodes = args.num_supernodes or len(sources)
     gpus = gpu_share(num_nodes) if args.gpus_per_client is None else args.gpus_per_client
+    runtime = LocalRuntime.for_run(out_dir / FLOWER_HOME, dict(os.environ))
     command = build_command(app, overrides, num_nodes, gpus, stream=not args.no_stream)
     print(
-        f"dept run: {num_nodes} SuperNodes, {gpus} GPU each; outputs in {cfg.output_dir}",
+        f"dept run: {num_nodes} SuperNodes, {gpus} GPU each; SuperLink on 127.0.0.1:"
+        f"{runtime.http_port}; outputs in {cfg.output_dir}",
         flush=True,
     )
-    was_running = _superlink_running()
-    env = {**os.environ, "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1"}
+    env = runtime.env(dict(os.environ))
+    if args.debug:
+        env[DEBUG_VARIABLE] = "1"
     started = time.time()
-    try:
-        code = subprocess.run(command, env=env, check=False).returncode
-    finally:
-        if not was_running and not args.keep_superlink:
-            stop_local_superlink()
-    return code or _finished(resolve_path(cfg.output_dir), started)
+    with stop_signals():
+        try:
+            code = subprocess.run(command, env=env, check=False, start_new_session=True).returncode
+        except Stopped as stop:
+            return _stopped(stop, runtime, out_dir)
+        finally:
+            if not args.keep_superlink:
+                runtime.stop()
+    if args.keep_superlink:
+        print(
+            f"dept run: the SuperLink stays on 127.0.0.1:{runtime.http_port} "
+            f"(FLWR_HOME={runtime.flwr_home} {HTTP_PORT_VARIABLE}={runtime.http_port})"
+        )
+    return _finished(out_dir, started, code)
 
 
-def _finished(out_dir: Path, started: float) -> int:
-    """``flwr run`` exits 0 even when the run died; a run finished if it wrote its summary."""
-    summary = out_dir / "summary.json"
-    if summary.is_file() and summary.stat().st_mtime >= started:
-        return 0
-    print(
-        f"dept run: error: the run ended without writing {summary} (see the log above); "
-        'continue it with -c "resume=true" and the same settings',
-        file=sys.stderr,
+def resume_overrides(out_dir: Path, given: dict[str, Any]) -> dict[str, Any]:
+    """The checkpointed run's own config, resuming in ``out_dir``, with the ``given`` keys
+    that a resumed run may change; a :class:`ConfigError` for any other key, or when
+    ``out_dir`` holds no checkpoint."""
+    saved = saved_run_config(out_dir)
+    if saved is None:
+        raise ConfigError(f"--resume: {out_dir} holds no checkpoint of a run to resume")
+    refused = sorted(given.keys() - RESUME_OPTIONS)
+    if refused:
+        raise ConfigError(
+            f"--resume takes the run config from the checkpoint; {', '.join(refused)} cannot "
+            f"change (only {', '.join(sorted(RESUME_OPTIONS))} can)"
+        )
+    known = {k.key for k in config_keys()}
+    return {
+        **{k: v for k, v in saved[1].items() if k in known},
+        **given,
+        "resume": True,
+        "output-dir": str(out_dir),
+    }
+
+
+def check_resumable(cfg: DeptConfig, out_dir: Path) -> None:
+    """``resume`` needs a checkpoint of this same run in ``out_dir`` (checked before Flower
+    starts; the ServerApp checks the checkpoint's digests when it loads it)."""
+    saved = saved_run_config(out_dir)
+    if saved is None:
+        raise ConfigError(
+            f"config key 'resume' is true but {out_dir / CHECKPOINTS} holds no checkpoint "
+            "(set 'output-dir' to the interrupted run's folder)"
+        )
+    check_same_run(cfg, saved[1])
+
+
+def _stopped(stop: Stopped, runtime: LocalRuntime, out_dir: Path) -> int:
+    """Stop every process of the run; one line says what can be resumed."""
+    left = runtime.stop()
+    saved = saved_run_config(out_dir)
+    resume = (
+        f"resume after round {saved[0]} with: dept run --resume {_shown(out_dir)}"
+        if saved
+        else "no round was checkpointed, so a new run starts from scratch"
     )
-    return 1
+    alive = f"; still alive: pids {', '.join(str(p.pid) for p in left)}" if left else ""
+    print(f"\ndept run: stopped by {stop.name}{alive}; {resume}", file=sys.stderr, flush=True)
+    return 128 + stop.signum
+
+
+def _finished(out_dir: Path, started: float, code: int) -> int:
+    """``flwr run`` exits 0 however the run ended; the run's status file says how."""
+    status = read_status(out_dir, started)
+    if status is not None and status.state == "finished":
+        return code
+    if status is None:
+        why = f"the run ended without writing {out_dir / STATUS_FILE} (see the log above)"
+    else:
+        why = status.error
+    saved = saved_run_config(out_dir)
+    if saved and not (status and status.config_error):
+        advice = f"; resume after round {saved[0]} with: dept run --resume {_shown(out_dir)}"
+    else:
+        advice = ""
+    print(f"dept run: error: {why}{advice}", file=sys.stderr)
+    return code or 1
+
+
+def _shown(path: Path) -> str:
+    """``path`` relative to the working directory where it is below it (shorter to type)."""
+    try:
+        return str(path.relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
 
 
 def _path_defaults(app: Path) -> dict[str, Any]:

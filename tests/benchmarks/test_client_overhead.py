@@ -6,7 +6,6 @@ from pathlib import Path
 import pytest
 
 from benchmarks.client_overhead import main
-from server_app.launch import _superlink_running
 from tests.helpers import corpus
 
 
@@ -30,9 +29,6 @@ def test_in_process_against_bare_loop(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_flwr_run_arm(tmp_path: Path) -> None:
-    if _superlink_running():
-        pytest.skip("a local SuperLink already runs on 127.0.0.1:39091")
-
     result = _run(tmp_path, "--repeats", "1", "--flwr-rounds", "1")
 
     assert result["arms"]["flwr-run"]["tokens_per_s"] > 0

@@ -9,23 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from server_app.launch import _superlink_running, build_command, stop_local_superlink
+from server_app.launch import build_command
+from server_app.local_runtime import local_runtime
 
 PROJECT = Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture
-def flwr_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    if _superlink_running():
-        pytest.skip("a local SuperLink already runs on 127.0.0.1:39091; stop it to run this test")
-    home = tmp_path / "flwr-home"
-    monkeypatch.setenv("FLWR_HOME", str(home))
-    yield home
-    stop_local_superlink()  # flwr run leaves it running in the background
-
-
 @pytest.mark.slow
-def test_flwr_run_simulation_debug_preset(tmp_path: Path, flwr_home: Path) -> None:
+def test_flwr_run_simulation_debug_preset(tmp_path: Path) -> None:
     out = tmp_path / "out"
     overrides = {
         "model": "debug",
@@ -38,11 +29,15 @@ def test_flwr_run_simulation_debug_preset(tmp_path: Path, flwr_home: Path) -> No
         "state-dir": str(tmp_path / "state"),
     }
     command = build_command(PROJECT, overrides, num_nodes=4, gpus=0.0, stream=True)
-    env = {**os.environ, "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1"}
-
-    done = subprocess.run(
-        command, cwd=PROJECT, env=env, capture_output=True, text=True, timeout=600
-    )
+    with local_runtime(tmp_path / "flwr-home") as runtime:  # own ports; stopped after
+        done = subprocess.run(
+            command,
+            cwd=PROJECT,
+            env=runtime.env(dict(os.environ)),
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
 
     log = done.stdout + done.stderr
     assert done.returncode == 0, log[-3000:]

@@ -3,12 +3,15 @@ output-dir, a bad sources file, a size the machine cannot serve."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 
-from dept.config import config_keys
+from dept.config import ConfigError, config_keys, load_config, to_run_config
+from server_app.launch import check_resumable, resume_overrides
 from server_app.launch import main as dept_run
+from tests.helpers import debug_run_config
 
 
 def _refused(capsys: pytest.CaptureFixture, *overrides: str) -> str:
@@ -70,3 +73,63 @@ def test_help_is_plain_text_and_lists_every_run_config_key(capsys: pytest.Captur
     for k in config_keys():
         assert f"  {k.key} = {k.shown_default}  [{k.kind}]\n" in out
         assert k.doc in unwrapped
+
+
+def test_a_missing_data_file_names_its_source(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    sources = tmp_path / "sources.yaml"
+    sources.write_text("sources:\n  - name: novels\n    path: novels/*.txt\n")
+    err = _refused(capsys, f"sources-file='{sources}'", f"output-dir='{tmp_path / 'out'}'")
+    assert f"source 'novels': no file matches {tmp_path}/novels/*.txt" in err
+
+
+def _checkpointed(out: Path, **settings: object) -> dict:
+    """``out`` as an interrupted run leaves it: a round-1 checkpoint of this run config."""
+    run_config = to_run_config(load_config(debug_run_config(out.parent, **settings)))
+    state = out / "checkpoints" / "round-0001" / "state.json"
+    state.parent.mkdir(parents=True)
+    state.write_text(json.dumps({"round": 1, "run_config": run_config, "strategy": {}}))
+    return run_config
+
+
+def test_resume_takes_the_config_from_the_checkpoint(tmp_path: Path) -> None:
+    saved = _checkpointed(tmp_path / "run", lr=0.004, **{"local-steps": 7})
+    overrides = resume_overrides(tmp_path / "run", {"round-timeout-s": 60.0})
+    assert overrides["lr"] == 0.004 and overrides["local-steps"] == 7
+    assert overrides["round-timeout-s"] == 60.0 and overrides["resume"] is True
+    assert overrides["output-dir"] == str(tmp_path / "run")
+    assert {k: v for k, v in overrides.items() if k not in ("resume", "round-timeout-s")} == {
+        k: v for k, v in saved.items() if k not in ("resume", "round-timeout-s")
+    } | {"output-dir": str(tmp_path / "run")}
+
+
+def test_resume_refuses_keys_that_change_the_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    _checkpointed(tmp_path / "run")
+    assert dept_run(["--resume", str(tmp_path / "run"), "-c", "lr=0.1 device='cpu'"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("dept run: error: --resume takes the run config from the checkpoint;")
+    assert "lr cannot change (only device," in err and err.count("\n") == 1
+
+
+def test_resume_without_a_checkpoint_fails_before_flower(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    assert dept_run(["--resume", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err == f"dept run: error: --resume: {tmp_path} holds no checkpoint of a run to resume\n"
+    err = _refused(capsys, "resume=true", f"output-dir='{tmp_path}'")
+    assert "config key 'resume' is true but" in err and "holds no checkpoint" in err
+
+
+def test_resume_true_with_other_settings_names_them(tmp_path: Path) -> None:
+    _checkpointed(tmp_path / "run", **{"local-steps": 7})
+    moved = load_config(
+        debug_run_config(tmp_path, **{"local-steps": 7, "output-dir": str(tmp_path / "moved")})
+    )
+    check_resumable(moved, tmp_path / "run")  # a moved folder is the same run
+    changed = load_config(debug_run_config(tmp_path, **{"local-steps": 9}))
+    with pytest.raises(ConfigError, match=r"'resume': local-steps differ .*\(local-steps=7\)"):
+        check_resumable(changed, tmp_path / "run")

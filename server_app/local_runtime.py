@@ -1,0 +1,177 @@
+"""The local Flower runtime of one ``dept run``: its own SuperLink, ports and Flower home.
+
+``flwr run`` in the simulation runtime starts a background SuperLink on fixed ports
+(39091/39093) the first time it finds none there, and attaches to whatever answers on them
+after that: on a shared machine, another user's. So each ``dept run`` picks free loopback
+ports (or the user's ``FLWR_LOCAL_*`` ports), a Flower home of its own (or the user's
+``FLWR_HOME``), and refuses a SuperLink it did not start.
+
+Everything the run starts (SuperLink, SuperExec, ``flwr-simulation``, Ray's processes and
+actors) detaches from ``dept run``'s process tree, some into new sessions, and outlives a
+dead parent. What they all keep is the environment they inherit, so every one carries
+:data:`TOKEN_VARIABLE` with this run's token, and :meth:`LocalRuntime.stop` ends exactly
+the processes that carry it: this run's, nobody else's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import psutil
+
+from dept.config import ConfigError
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+TOKEN_VARIABLE = "DEPT_RUN_TOKEN"
+HTTP_PORT_VARIABLE = "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT"
+CONTROL_PORT_VARIABLE = "FLWR_LOCAL_CONTROL_API_PORT"
+GRACE_S = 10.0  # SIGTERM, then this long, then SIGKILL
+STOP_DEADLINE_S = 25.0  # everything gone within this, or reported
+
+
+@dataclass
+class LocalRuntime:
+    """The ports, Flower home and token of one run; :meth:`env` is what its children get."""
+
+    flwr_home: Path
+    http_port: int
+    control_port: int
+    token: str = field(default_factory=lambda: uuid.uuid4().hex)
+
+    @classmethod
+    def for_run(cls, default_home: Path, environ: dict[str, str]) -> LocalRuntime:
+        """Free ports and ``default_home``, unless the user's variables name their own; a
+        :class:`ConfigError` when a SuperLink already answers on the chosen port."""
+        home = Path(environ["FLWR_HOME"]) if environ.get("FLWR_HOME") else default_home
+        runtime = cls(
+            flwr_home=home,
+            http_port=_port(environ, HTTP_PORT_VARIABLE),
+            control_port=_port(environ, CONTROL_PORT_VARIABLE),
+        )
+        if runtime.superlink_answers():
+            raise ConfigError(
+                f"a SuperLink not started by this run already listens on 127.0.0.1:"
+                f"{runtime.http_port} ({HTTP_PORT_VARIABLE}); unset it to let dept run pick "
+                "free ports, or use plain flwr run to run on that SuperLink"
+            )
+        return runtime
+
+    def env(self, environ: dict[str, str]) -> dict[str, str]:
+        """``environ`` for ``flwr run``: this runtime's home, ports and token, no update
+        check (offline), no per-run dependency installation (it would fetch a CUDA torch)."""
+        return {
+            **environ,
+            "FLWR_HOME": str(self.flwr_home),
+            HTTP_PORT_VARIABLE: str(self.http_port),
+            CONTROL_PORT_VARIABLE: str(self.control_port),
+            TOKEN_VARIABLE: self.token,
+            "FLWR_DISABLE_UPDATE_CHECK": "1",
+            "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
+        }
+
+    def superlink_answers(self) -> bool:
+        try:
+            url = f"http://127.0.0.1:{self.http_port}/health"
+            return httpx.get(url, timeout=1.0).is_success
+        except httpx.HTTPError:
+            return False
+
+    def processes(self) -> list[psutil.Process]:
+        """This run's living processes: those whose environment carries its token."""
+        return list(processes_with(TOKEN_VARIABLE, self.token))
+
+    def stop(self, grace_s: float = GRACE_S) -> list[psutil.Process]:
+        """SIGTERM every process of this run, SIGKILL what is left after ``grace_s``, and
+        look again for any started meanwhile; the processes still alive at the deadline."""
+        return stop_processes(self.processes, grace_s, STOP_DEADLINE_S)
+
+
+@contextlib.contextmanager
+def local_runtime(default_home: Path) -> Iterator[LocalRuntime]:
+    """A :class:`LocalRuntime` for one ``flwr run`` (from this process's environment),
+    stopped with every process of it when the block ends."""
+    runtime = LocalRuntime.for_run(default_home, dict(os.environ))
+    try:
+        yield runtime
+    finally:
+        runtime.stop()
+
+
+class Stopped(Exception):
+    """SIGINT or SIGTERM arrived: the run is to stop."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum, self.name = signum, signal.Signals(signum).name
+
+
+@contextlib.contextmanager
+def stop_signals() -> Iterator[None]:
+    """While the block runs, SIGINT and SIGTERM raise :class:`Stopped` in the main thread;
+    after the first, both are ignored until the block ends, so stopping is not cut short."""
+
+    def stop(signum: int, _frame: object) -> None:
+        for each in STOP_SIGNALS:
+            signal.signal(each, signal.SIG_IGN)
+        raise Stopped(signum)
+
+    previous = {each: signal.signal(each, stop) for each in STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for each, handler in previous.items():
+            signal.signal(each, handler)
+
+
+def processes_with(variable: str, value: str) -> Iterator[psutil.Process]:
+    """Processes of this user whose environment has ``variable=value`` (others' are not
+    readable and are skipped, as are processes that end while being read)."""
+    me = os.getpid()
+    for process in psutil.process_iter():
+        try:
+            if process.pid != me and process.environ().get(variable) == value:
+                yield process
+        except (psutil.AccessDenied, psutil.NoSuchProcess, psutil.ZombieProcess):
+            continue
+
+
+def stop_processes(
+    find: Callable[[], list[psutil.Process]], grace_s: float, deadline_s: float
+) -> list[psutil.Process]:
+    """Terminate, wait, kill, until ``find()`` returns nothing or ``deadline_s`` passed."""
+    end = time.monotonic() + deadline_s
+    alive: list[psutil.Process] = find()
+    while alive and time.monotonic() < end:
+        for process in alive:
+            _signal(process, psutil.Process.terminate)
+        _, alive = psutil.wait_procs(alive, timeout=min(grace_s, max(0.0, end - time.monotonic())))
+        for process in alive:
+            _signal(process, psutil.Process.kill)
+        psutil.wait_procs(alive, timeout=2.0)
+        alive = find()
+    return alive
+
+
+def _signal(process: psutil.Process, send: Callable[[psutil.Process], None]) -> None:
+    with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
+        send(process)
+
+
+def _port(environ: dict[str, str], variable: str) -> int:
+    """The user's port from ``variable``, else a free loopback port."""
+    if value := environ.get(variable):
+        if not value.isdigit() or not 0 < int(value) < 65536:
+            raise ConfigError(f"environment variable {variable}={value!r} is not a port number")
+        return int(value)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])

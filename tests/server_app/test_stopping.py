@@ -1,0 +1,106 @@
+"""``dept run`` on the real runtime: two runs at once, each on its own SuperLink; Ctrl-C
+and SIGTERM mid-round stop every process of a run and leave it resumable; ``--resume``
+finishes it with the uninterrupted run's rounds."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+from server_app.local_runtime import processes_with, stop_processes
+
+PROJECT = Path(__file__).resolve().parents[2]
+ROUNDS = 4
+SETTINGS = (
+    f"model='debug' num-server-rounds={ROUNDS} local-steps=6 warmup-steps=1 seq-len=64 "
+    "batch-size=4 eval-bytes=8192"
+)
+STOP_WITHIN_S = 30
+
+
+def _their_flower_home(out: Path) -> Iterator[psutil.Process]:
+    """The processes of the run writing ``out`` (all carry its Flower home)."""
+    return processes_with("FLWR_HOME", str(out / ".flwr"))
+
+
+@pytest.fixture
+def runs(tmp_path: Path) -> Iterator[list[Path]]:
+    """Output folders for runs; whatever a failed test leaves of them is stopped."""
+    folders: list[Path] = []
+    yield folders
+    for out in folders:
+        stop_processes(lambda out=out: list(_their_flower_home(out)), 1.0, 10.0)
+
+
+def _start(out: Path, *args: str) -> subprocess.Popen:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FLWR_")}
+    command = [sys.executable, "-m", "dept_cli", "run", "--no-stream", *args]
+    if not args:
+        command += ["-c", f"{SETTINGS} output-dir='{out}' state-dir='{out}-state'"]
+    return subprocess.Popen(
+        command, cwd=PROJECT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+
+
+def _when_checkpointed(out: Path, server_round: int, process: subprocess.Popen) -> None:
+    deadline = time.monotonic() + 300
+    while not (out / "checkpoints" / f"round-{server_round:04d}").is_dir():
+        assert process.poll() is None, process.communicate()
+        assert time.monotonic() < deadline, f"no round {server_round} checkpoint in {out}"
+        time.sleep(0.2)
+
+
+def _stop(process: subprocess.Popen, out: Path, signum: int, after_round: int) -> str:
+    """Send ``signum`` mid-round; the run must end within the limit, leaving nothing."""
+    assert list(_their_flower_home(out)), "the run's processes carry its Flower home"
+    sent = time.monotonic()
+    process.send_signal(signum)
+    _, err = process.communicate(timeout=STOP_WITHIN_S + 10)
+    assert time.monotonic() - sent < STOP_WITHIN_S, err
+    assert process.returncode == 128 + signum, err
+    assert list(_their_flower_home(out)) == [], "a process of the stopped run is alive"
+    last = err.strip().splitlines()[-1]
+    name = signal.Signals(signum).name
+    assert last == (
+        f"dept run: stopped by {name}; resume after round {after_round} with: "
+        f"dept run --resume {out}"
+    ), err
+    return err
+
+
+def _finished(process: subprocess.Popen, out: Path) -> dict:
+    stdout, err = process.communicate(timeout=600)
+    assert process.returncode == 0, (stdout + err)[-3000:]
+    assert list(_their_flower_home(out)) == []
+    return json.loads((out / "summary.json").read_text())
+
+
+@pytest.mark.slow
+def test_two_runs_at_once_then_ctrl_c_sigterm_and_resume(tmp_path: Path, runs: list) -> None:
+    one, two = tmp_path / "one", tmp_path / "two"
+    runs += [one, two]
+    first, second = _start(one), _start(two)
+
+    _when_checkpointed(one, 1, first)
+    _stop(first, one, signal.SIGINT, after_round=1)  # the other run goes on
+
+    assert _finished(second, two)["rounds"] == ROUNDS
+    resumed = _start(one, "--resume", str(one))
+    _when_checkpointed(one, 2, resumed)
+    _stop(resumed, one, signal.SIGTERM, after_round=2)
+    summary = _finished(_start(one, "--resume", str(one)), one)
+
+    assert summary["rounds"] == ROUNDS
+    rounds = [
+        json.loads(line)["round"] for line in (one / "metrics.jsonl").read_text().splitlines()
+    ]
+    assert rounds == list(range(ROUNDS + 1))  # each round once, in order
