@@ -11,6 +11,7 @@ table show (:func:`config_keys`).
 # ruff: noqa: RUF009  (the schema's defaults are doc() calls: each returns a dataclasses.field)
 from __future__ import annotations
 
+import importlib.util
 import math
 import os
 import re
@@ -208,6 +209,16 @@ class DeptConfig:
         "source's round state (embeddings, AdamW moments, compression residual)",
     )
     resume: bool = doc(False, "continue the run in output-dir after its newest good checkpoint")
+    tensorboard: bool = doc(
+        False,
+        "write each round's metrics as TensorBoard scalars under output-dir/tensorboard/ "
+        "(needs the tensorboard extra)",
+    )
+    wandb_project: str = doc(
+        "",
+        "Weights & Biases project to log each round's metrics to, as a run named by the run "
+        "id (empty: off; WANDB_MODE=offline keeps it local; needs the wandb extra)",
+    )
 
     def __post_init__(self) -> None:
         self._check_model()
@@ -267,6 +278,8 @@ class DeptConfig:
             f"{self.outer_optimizer!r}: {outer.why_cap}",
         )
         _check("output_dir", bool(self.output_dir.strip()), "must not be empty")
+        _check_installed("tensorboard", self.tensorboard, "tensorboard")
+        _check_installed("wandb_project", bool(self.wandb_project), "wandb")
 
     def _check_model(self) -> None:
         from dept.model import build_config  # late import: model pulls in torch
@@ -291,6 +304,15 @@ class DeptConfig:
 def _check(name: str, ok: bool, why: str, where: str = "config") -> None:
     if not ok:
         raise ConfigError(f"{where} key '{kebab(name)}' {why}")
+
+
+def _check_installed(name: str, used: bool, package: str) -> None:
+    """A tracker whose package is missing fails now, not at the end of the first round."""
+    if used and importlib.util.find_spec(package) is None:
+        raise ConfigError(
+            f"config key '{kebab(name)}' needs the {package} package: "
+            f'pip install -e ".[{package}]"'
+        )
 
 
 def base_dir() -> Path:

@@ -104,7 +104,21 @@ def _run_rounds(grid: Grid, cfg: DeptConfig, out_dir: Path, declared: set[str]) 
     log.info("%d sources take part: %s", len(owners), ", ".join(sorted(owners)))
     if cfg.sources_file and (missing := sorted(declared - owners.keys())):
         log.warning("no node serves %s yet; a source joins when its node does", ", ".join(missing))
-    report = RunReport(out_dir, cfg, strategy.run_id, strategy.history if checkpoint else None)
+    # The report closes its trackers however the rounds end.
+    with RunReport(out_dir, cfg, strategy.run_id, strategy.history if checkpoint else None) as r:
+        return _rounds(grid, strategy, cfg, out_dir, checkpoint, r)
+
+
+def _rounds(
+    grid: Grid,
+    strategy: DeptStrategy,
+    cfg: DeptConfig,
+    out_dir: Path,
+    checkpoint: Checkpoint | None,
+    report: RunReport,
+) -> dict[str, Any]:
+    """Round 0 (or the one after ``checkpoint``) to the last, each reported and
+    checkpointed; the run's summary."""
     done = checkpoint.server_round if checkpoint else -1
     started = time.monotonic() - strategy.elapsed_s()  # a resumed run's clock goes on
     shared = strategy.shared_tensors()  # serialised once per round, sent to all

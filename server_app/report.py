@@ -19,6 +19,7 @@ import logging
 import math
 import time
 from pathlib import Path
+from types import TracebackType
 from typing import Any
 
 import torch
@@ -31,6 +32,7 @@ from dept.config import DeptConfig, to_run_config
 from dept.model import position_count
 from dept.variants import variant
 from dept_strategy.history import RunHistory
+from server_app.tracking import TENSORBOARD_DIR, Trackers
 
 log = logging.getLogger(__name__)
 RUN_FILES = (
@@ -42,12 +44,14 @@ RUN_FILES = (
     "embeddings.safetensors",
     "checkpoints",
     "val_bpb.png",
+    TENSORBOARD_DIR,
 )
 
 
 class RunReport:
     """Writes a run's outputs as it goes; :meth:`finish` adds the summary and the table.
-    It only reads the history it is given."""
+    It only reads the history it is given. Used as a context manager, it also closes the
+    trackers (:mod:`server_app.tracking`) of a run that fails."""
 
     def __init__(
         self, out_dir: Path, cfg: DeptConfig, run_id: str, resumed: RunHistory | None = None
@@ -64,6 +68,17 @@ class RunReport:
             [dumps(resumed.round_json(r)) + "\n" for r in sorted(resumed.rounds)] if resumed else []
         )
         self.metrics_path.write_text("".join(lines))
+        self.trackers = Trackers(
+            cfg, out_dir, run_id, max(resumed.rounds, default=-1) if resumed else -1
+        )
+
+    def __enter__(self) -> RunReport:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.trackers.close(failed=exc is not None)  # nothing left to close after finish
 
     def round_done(self, history: RunHistory, server_round: int) -> None:
         """Append the line of ``server_round`` (ended, its wall time noted) and log it."""
@@ -71,6 +86,7 @@ class RunReport:
         line = history.round_json(server_round)
         with self.metrics_path.open("a") as f:
             f.write(dumps(line) + "\n")
+        self.trackers.log(line)
         total = self.cfg.num_server_rounds
         eta = f"{wall_s / server_round * (total - server_round):.0f} s" if server_round else "–"
         per_source = ", ".join(f"{s} {m['val_bpb']:.3f}" for s, m in line["sources"].items())
@@ -116,6 +132,7 @@ class RunReport:
                 self.out_dir / "summary.json",
             )
         log.info("outputs written to %s", self.out_dir)
+        self.trackers.close()
         return _finite(summary)
 
     def _write_csv(self, history: RunHistory) -> None:
