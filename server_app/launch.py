@@ -6,6 +6,7 @@ What it does is :data:`DESCRIPTION`, which ``--help`` prints with the run config
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -14,8 +15,9 @@ import sys
 import textwrap
 import time
 import tomllib
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import click
 from flwr.common.config import parse_config_args
@@ -38,6 +40,7 @@ from server_app.run_status import DEBUG_VARIABLE, STATUS_FILE, one_line, read_st
 
 PATH_KEYS = ("sources-file", "output-dir", "state-dir")
 FLOWER_HOME = ".flwr"  # the run's own Flower home, in its output folder
+RUN_LOG = "run.log"  # with --no-stream
 RESUME_OPTIONS = RESUMABLE_CHANGES - {"resume", "output-dir"}  # --resume names both
 HELP_WIDTH = 79
 INDENT = " " * 6  # of a run config key's doc under its name
@@ -206,7 +209,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="GPUs per client (default: the visible GPUs shared equally, 0 if none)",
     )
     parser.add_argument(
-        "--no-stream", action="store_true", help="do not stream the run's logs (default: stream)"
+        "--no-stream",
+        action="store_true",
+        help=f"write the run's log to OUTPUT_DIR/{RUN_LOG} instead of the terminal "
+        "(default: the terminal)",
     )
     parser.add_argument(
         "--resume",
@@ -263,7 +269,8 @@ def _launch(args: argparse.Namespace) -> int:
     num_nodes = args.num_supernodes or len(sources)
     gpus = gpu_share(num_nodes) if args.gpus_per_client is None else args.gpus_per_client
     runtime = LocalRuntime.for_run(out_dir / FLOWER_HOME, dict(os.environ))
-    command = build_command(app, overrides, num_nodes, gpus, stream=not args.no_stream)
+    # --stream also makes flwr run wait for the run's end, which dept run needs
+    command = build_command(app, overrides, num_nodes, gpus, stream=True)
     print(
         f"dept run: {num_nodes} SuperNodes, {gpus} GPU each; SuperLink on 127.0.0.1:"
         f"{runtime.http_port}; outputs in {cfg.output_dir}",
@@ -273,9 +280,11 @@ def _launch(args: argparse.Namespace) -> int:
     if args.debug:
         env[DEBUG_VARIABLE] = "1"
     started = time.time()
-    with stop_signals():
+    with stop_signals(), _log_to(out_dir / RUN_LOG if args.no_stream else None) as output:
         try:
-            code = subprocess.run(command, env=env, check=False, start_new_session=True).returncode
+            code = subprocess.run(
+                command, env=env, check=False, start_new_session=True, stdout=output, stderr=output
+            ).returncode
         except Stopped as stop:
             return _stopped(stop, runtime, out_dir)
         finally:
@@ -286,7 +295,17 @@ def _launch(args: argparse.Namespace) -> int:
             f"dept run: the SuperLink stays on 127.0.0.1:{runtime.http_port} "
             f"(FLWR_HOME={runtime.flwr_home} {HTTP_PORT_VARIABLE}={runtime.http_port})"
         )
-    return _finished(out_dir, started, code)
+    return exit_code(out_dir, started, code)
+
+
+@contextlib.contextmanager
+def _log_to(path: Path | None) -> Iterator[IO[str] | None]:
+    """The file the run's log goes to, or None for the terminal."""
+    if path is None:
+        yield None
+        return
+    with path.open("w") as log:
+        yield log
 
 
 def resume_overrides(out_dir: Path, given: dict[str, Any]) -> dict[str, Any]:
@@ -337,7 +356,7 @@ def _stopped(stop: Stopped, runtime: LocalRuntime, out_dir: Path) -> int:
     return 128 + stop.signum
 
 
-def _finished(out_dir: Path, started: float, code: int) -> int:
+def exit_code(out_dir: Path, started: float, code: int) -> int:
     """``flwr run`` exits 0 however the run ended; the run's status file says how."""
     status = read_status(out_dir, started)
     if status is not None and status.state == "finished":
