@@ -83,6 +83,11 @@ class Plan:
         return int(self.run_config["global-vocab-size"])
 
     @property
+    def vocabularies(self) -> dict[str, Any]:
+        """What its result reports of the vocabularies, crashed or not."""
+        return {"global_vocab_size": self.global_vocab_size, "source_vocab_sizes": self.vocab_sizes}
+
+    @property
     def label(self) -> str:
         return f"{self.method} lr {self.lr:g}"
 
@@ -115,13 +120,7 @@ def run_plan(plan: Plan) -> dict[str, Any]:
             log.exception("crashed")
             result = {"error": f"{type(exc).__name__}: {exc}".splitlines()[0][:300]}
             traceback.print_exc(file=(out / "error.txt").open("w"))
-    result.update(
-        method=plan.method,
-        lr=plan.lr,
-        wall_s=time.perf_counter() - started,
-        global_vocab_size=plan.global_vocab_size,
-        source_vocab_sizes=plan.vocab_sizes,
-    )
+    result.update(method=plan.method, lr=plan.lr, wall_s=time.perf_counter() - started)
     (out / "result.json").write_text(dumps(result, indent=2))
     return result
 
@@ -283,7 +282,11 @@ def run_all(plans: list[Plan], jobs: int) -> list[dict[str, Any]]:
                     done(i, future.result())
                 except Exception as exc:  # the worker itself died
                     done(i, {"error": f"{type(exc).__name__}: {exc}", "wall_s": 0.0})
-    return [{"method": p.method, "lr": p.lr, **results[i]} for i, p in enumerate(plans)]
+    # From the plan, so a worker that died and returned nothing still says what it ran.
+    return [
+        {"method": p.method, "lr": p.lr, **p.vocabularies, **results[i]}
+        for i, p in enumerate(plans)
+    ]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -73,6 +73,7 @@ def test_runs_in_parallel_workers_label_their_lines(
 
     assert [r["method"] for r in results] == ["std-0", "glob"]
     assert all("ConfigError" in r["error"] for r in results)
+    assert all(r["global_vocab_size"] == debug_config.global_vocab_size for r in results)
     console = capfd.readouterr().err.splitlines()
     for plan in plans:
         ours = [line for line in console if f"[{plan.label}] " in line]
