@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 
-PROJECT_LOGGERS = ("dept", "dept_strategy", "server_app", "client_app")
+PROJECT_LOGGERS = ("dept", "dept_strategy", "server_app", "client_app", "dept_cli")
 
 
 def route_to(host: str = "flwr", level: int = logging.INFO) -> None:

@@ -102,20 +102,26 @@ DEFAULT_SOURCES: tuple[dict[str, Any], ...] = (
 )
 
 
-def parse_source(entry: dict[str, Any], base: Path) -> SourceSpec:
-    """Validate one sources-file entry; local paths become absolute against ``base``."""
+def parse_source(
+    entry: dict[str, Any], base: Path, defaults: dict[str, Any] | None = None
+) -> SourceSpec:
+    """Validate one sources-file entry; local paths become absolute against ``base``.
+    ``defaults`` (kebab-case keys) replace :class:`SourceSpec`'s for the keys ``entry`` omits."""
     where = f"source {entry.get('name', '?')!r}"
-    spec = build_structured(SourceSpec, [entry], where=where)
+    spec = build_structured(SourceSpec, [defaults or {}, entry], where=where)
     if spec.is_local:
         path = Path(spec.path).expanduser()
         spec.path = str(path if path.is_absolute() else (base / path).resolve())
     return spec
 
 
-def load_sources(sources_file: Path | None) -> list[SourceSpec]:
-    """The run's sources: from ``sources_file`` or, when None, the built-in offline default."""
+def load_sources(
+    sources_file: Path | None, defaults: dict[str, Any] | None = None
+) -> list[SourceSpec]:
+    """The run's sources: from ``sources_file`` or, when None, the built-in offline default;
+    ``defaults`` as in :func:`parse_source` (``dept compare`` gives the global vocab-size)."""
     if sources_file is None:
-        return [parse_source(dict(e), Path.cwd()) for e in DEFAULT_SOURCES]
+        return [parse_source(dict(e), Path.cwd(), defaults) for e in DEFAULT_SOURCES]
     if not sources_file.is_file():
         raise ConfigError(f"config key 'sources-file': {sources_file} does not exist")
     where = f"sources file {sources_file}"
@@ -127,7 +133,7 @@ def load_sources(sources_file: Path | None) -> list[SourceSpec]:
                 f"{where}: each source must be a mapping (entry {number} is {_kind_of(entry)})"
             )
         try:
-            specs.append(parse_source(entry, sources_file.parent))
+            specs.append(parse_source(entry, sources_file.parent, defaults))
         except ConfigError as exc:  # omegaconf adds its own key and type lines below the first
             raise ConfigError(f"{where}: {str(exc).splitlines()[0]}") from exc
     names = [s.name for s in specs]

@@ -10,7 +10,14 @@ round, best rate per method).
 Federated methods run the real ServerApp and ClientApp code in process (``LocalGrid``: one
 node per source, every source trained every round); baselines run ``dept.baselines``. Runs
 go to ``--jobs`` worker processes with the CPU threads split between them; a run that
-crashes is reported in the table with its error, never dropped.
+crashes is reported in the table with its error, never dropped; every log line of a run
+starts with its label (e.g. [spec-opt lr 0.004]) and goes to its runs/<method>-lr<rate>/run.log.
+
+Vocabularies: STD, ACT, GLOB, TRIM and SPEC use one global tokenizer of --global-vocab-size;
+SPEC-OPT trains each source its own of the source's vocab-size. A source whose entry gives
+no vocab-size gets --global-vocab-size here (not dept run's default of 2048), so the methods
+compare at one vocabulary size unless the sources file says otherwise; the sources file the
+runs read is written to --out as compared-sources.yaml, and the table shows both sizes.
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ import argparse
 import json
 import logging
 import os
+import sys
 import threading
 import time
 import traceback
@@ -29,19 +37,31 @@ from pathlib import Path
 from typing import Any
 
 from dept.cli_help import HelpFormatter, plain
-from dept.config import DEVICES, DeptConfig, load_config, resolve_path, to_run_config
+from dept.config import DEVICES, ConfigError, DeptConfig, load_config, resolve_path, to_run_config
 from dept.outer_optimizers import OUTER_OPTIMIZERS
-from dept.sources import check_source_paths, run_sources
+from dept.sources import SourceSpec, check_source_paths, load_sources, run_sources, write_sources
 from dept.variants import VARIANTS
-from dept_cli.comparison_report import average_bpb, best_per_method, write_report
+from dept_cli.comparison_report import average_bpb, best_per_method, size_range, write_report
 from dept_cli.in_process import federate_in_process
-from dept_cli.methods import BASELINES, FEDERATED, METHODS
+from dept_cli.methods import BASELINES, FEDERATED, METHODS, vocab_sizes
+from dept_cli.run_logs import run_logging
 from server_app.report import dumps
 
-log = logging.getLogger("compare")
+log = logging.getLogger(__name__)
 # On the nine corpora (tiny) 0.016 never won, and SPEC-OPT was best at 0.002.
 DEFAULT_LRS = "0.002,0.004,0.008"
-EXAMPLES = """examples:
+COMPARED_SOURCES = "compared-sources.yaml"  # in --out: the sources every run reads
+EPILOG = """how --tokens becomes rounds:
+  every method trains num-server-rounds x --local-steps steps; a step takes --batch-size
+  sequences of --seq-len tokens from each source (a federated round trains every source, an
+  STD or ACT step takes batch-size x sources sequences from the mixture), so
+    tokens per round  = sources x local-steps x batch-size x seq-len
+    num-server-rounds = max(1, round(tokens / tokens per round))
+  e.g. the 9 sources of benchmarks/corpora.yaml at the defaults: 9 x 40 x 4 x 64 = 92,160
+  tokens per round, 550,000 / 92,160 = 5.97, so 6 rounds of 40 steps (240 steps, 552,960
+  tokens per run). The first line compare prints gives the rounds it chose.
+
+examples:
   dept compare --sources-file benchmarks/corpora.yaml --model tiny   # ~45 min on 2 CPUs
   dept compare --sources-file my-sources.yaml --methods std-0.3,spec-opt --lrs 0.004 --jobs 4
 """
@@ -56,6 +76,16 @@ class Plan:
     run_config: dict[str, Any]
     out_dir: str
     threads: int
+    vocab_sizes: dict[str, int]  # the tokenizer size each source trains with
+
+    @property
+    def global_vocab_size(self) -> int:
+        return int(self.run_config["global-vocab-size"])
+
+    @property
+    def vocabularies(self) -> dict[str, Any]:
+        """What its result reports of the vocabularies, crashed or not."""
+        return {"global_vocab_size": self.global_vocab_size, "source_vocab_sizes": self.vocab_sizes}
 
     @property
     def label(self) -> str:
@@ -82,19 +112,14 @@ def run_plan(plan: Plan) -> dict[str, Any]:
     torch.set_num_threads(plan.threads)
     out = Path(plan.out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    logging.basicConfig(
-        filename=out / "run.log",
-        level=logging.INFO,
-        format="%(asctime)s %(name)s %(message)s",
-        force=True,
-    )
     started = time.perf_counter()
-    try:
-        result = _run_federated(plan) if plan.method in FEDERATED else _run_baseline(plan)
-    except Exception as exc:  # reported in the table, with the traceback in run.log
-        log.exception("%s crashed", plan.label)
-        result = {"error": f"{type(exc).__name__}: {exc}".splitlines()[0][:300]}
-        traceback.print_exc(file=(out / "error.txt").open("w"))
+    with run_logging(plan.label, out / "run.log"):
+        try:
+            result = _run_federated(plan) if plan.method in FEDERATED else _run_baseline(plan)
+        except Exception as exc:  # reported in the table, with the traceback in run.log
+            log.exception("crashed")
+            result = {"error": f"{type(exc).__name__}: {exc}".splitlines()[0][:300]}
+            traceback.print_exc(file=(out / "error.txt").open("w"))
     result.update(method=plan.method, lr=plan.lr, wall_s=time.perf_counter() - started)
     (out / "result.json").write_text(dumps(result, indent=2))
     return result
@@ -132,9 +157,7 @@ def _run_baseline(plan: Plan) -> dict[str, Any]:
         temperature=baseline.temperature,
         sources_per_round=len(specs),
         forget_every_round=baseline.forgets,
-        on_round=lambda r: log.info(
-            "%s round %d: avg val bpb %.4f", plan.label, r.round, r.avg_val_bpb
-        ),
+        on_round=lambda r: log.info("round %d: avg val bpb %.4f", r.round, r.avg_val_bpb),
     )
     final = run.rounds[-1].eval
     full_model = (run.body_params + run.embedding_params) * 4
@@ -156,6 +179,7 @@ def _run_baseline(plan: Plan) -> dict[str, Any]:
 def make_plans(args: argparse.Namespace, base: DeptConfig, out: Path) -> list[Plan]:
     """Every method at every rate, the CPU threads shared equally between the jobs."""
     threads = max(1, (os.cpu_count() or 1) // args.jobs)
+    specs = run_sources(base)
     plans = []
     for method in args.methods:
         for lr in args.lrs:
@@ -163,19 +187,35 @@ def make_plans(args: argparse.Namespace, base: DeptConfig, out: Path) -> list[Pl
             config = {**to_run_config(base), "lr": lr, "output-dir": str(run_dir)}
             if method in VARIANTS:  # a baseline reads no variant
                 config["variant"] = method
-            plans.append(Plan(method, lr, config, str(run_dir), threads))
+            sizes = vocab_sizes(method, specs, base.global_vocab_size)
+            plans.append(Plan(method, lr, config, str(run_dir), threads, sizes))
     return plans
 
 
+def rounds_for(tokens: float, sources: int, local_steps: int, batch_size: int, seq_len: int) -> int:
+    """The rounds that train closest to ``tokens`` (at least one): each trains every source
+    ``local_steps`` steps of ``batch_size`` sequences of ``seq_len`` tokens (see EPILOG)."""
+    return max(1, round(tokens / (sources * local_steps * batch_size * seq_len)))
+
+
+def comparison_sources(sources_file: Path, global_vocab_size: int) -> list[SourceSpec]:
+    """The sources of ``sources_file``, where an entry without a ``vocab-size`` gets the global
+    one: with SourceSpec's default (2048) against a global 4096, SPEC-OPT started ahead in bits
+    per byte at round 0, and the table showed the head start as a win."""
+    return load_sources(sources_file, defaults={"vocab-size": global_vocab_size})
+
+
 def base_config(args: argparse.Namespace, out: Path) -> DeptConfig:
-    """The shared settings; rounds follow from the token budget (every source, every round)."""
-    probe = load_config({"sources-file": str(resolve_path(args.sources_file)), "model": args.model})
-    count = len(run_sources(probe))
-    per_round = count * args.local_steps * args.batch_size * args.seq_len
-    rounds = max(1, round(args.tokens / per_round))
+    """The shared settings, reading the sources as :func:`comparison_sources` gives them
+    (written to ``out/compared-sources.yaml``); rounds follow from the token budget."""
+    specs = comparison_sources(resolve_path(args.sources_file), args.global_vocab_size)
+    out.mkdir(parents=True, exist_ok=True)
+    sources_file = out / COMPARED_SOURCES
+    write_sources(sources_file, specs)
+    rounds = rounds_for(args.tokens, len(specs), args.local_steps, args.batch_size, args.seq_len)
     return load_config(
         {
-            "sources-file": str(resolve_path(args.sources_file)),
+            "sources-file": str(sources_file),
             "model": args.model,
             "num-server-rounds": rounds,
             "local-steps": args.local_steps,
@@ -242,22 +282,31 @@ def run_all(plans: list[Plan], jobs: int) -> list[dict[str, Any]]:
                     done(i, future.result())
                 except Exception as exc:  # the worker itself died
                     done(i, {"error": f"{type(exc).__name__}: {exc}", "wall_s": 0.0})
-    return [{"method": p.method, "lr": p.lr, **results[i]} for i, p in enumerate(plans)]
+    # From the plan, so a worker that died and returned nothing still says what it ran.
+    return [
+        {"method": p.method, "lr": p.lr, **p.vocabularies, **results[i]}
+        for i, p in enumerate(plans)
+    ]
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     out = resolve_path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    base = base_config(args, out)  # a bad key or sources file fails here, before any work
-    specs = run_sources(base)
-    check_source_paths(specs)
+    try:  # a bad value or sources file fails here, before any work
+        base = base_config(args, out)
+        specs = run_sources(base)
+        check_source_paths(specs)
+    except ConfigError as exc:
+        print(f"dept compare: error: {exc}", file=sys.stderr)
+        return 2
     tokens = base.num_server_rounds * len(specs) * base.local_steps * base.batch_size
+    own = size_range(s.vocab_size for s in specs)
     print(
         f"{len(args.methods)} methods x {len(args.lrs)} learning rates on {len(specs)} sources, "
         f"model {base.model}: {base.num_server_rounds} rounds x {base.local_steps} local steps, "
-        f"{tokens * base.seq_len:,} training tokens per run, {args.jobs} jobs",
+        f"{tokens * base.seq_len:,} training tokens per run, {args.jobs} jobs; vocabularies: "
+        f"global {base.global_vocab_size}, SPEC-OPT's own {own}",
         flush=True,
     )
     started = time.perf_counter()
@@ -269,26 +318,43 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    unknown = sorted(set(args.methods) - set(METHODS))
+    if unknown:
+        parser.error(f"unknown method(s) {', '.join(unknown)}; known: {', '.join(METHODS)}")
+    if args.jobs < 1:
+        parser.error("--jobs must be >= 1")
+    return args
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """compare's options; its help shows each one's default and how --tokens becomes rounds."""
     parser = argparse.ArgumentParser(
         prog="dept compare",
         description=plain(__doc__),
-        epilog=EXAMPLES,
+        epilog=EPILOG,
         formatter_class=HelpFormatter,
     )
-    parser.add_argument("--sources-file", required=True, help="YAML list of sources")
+    parser.add_argument(
+        "--sources-file", required=True, help="YAML list of sources (paths relative to its folder)"
+    )
     parser.add_argument("--model", default="tiny", help="<family>:<size> (see dept models)")
     parser.add_argument(
         "--tokens",
         type=float,
         default=5.5e5,
-        help="training tokens per run (all sources); the rounds follow from it",
+        help="training tokens per run (all sources), rounded to whole rounds: see below",
     )
     parser.add_argument("--local-steps", type=int, default=40, help="steps per round")
     parser.add_argument("--batch-size", type=int, default=4, help="sequences per source per step")
     parser.add_argument("--seq-len", type=int, default=64, help="tokens per sequence")
     parser.add_argument("--warmup-steps", type=int, default=10, help="learning-rate warmup")
     parser.add_argument(
-        "--global-vocab-size", type=int, default=4096, help="the global tokenizer's size"
+        "--global-vocab-size",
+        type=int,
+        default=4096,
+        help="the global tokenizer's size; SPEC-OPT's too where a source gives no vocab-size",
     )
     parser.add_argument("--eval-bytes", type=int, default=12288, help="validation bytes per source")
     parser.add_argument(
@@ -319,13 +385,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0, help="the same seed for every run")
     parser.add_argument("--device", default="auto", choices=DEVICES, help="where runs train")
     parser.add_argument("--out", default="outputs/compare", help="folder for the results")
-    args = parser.parse_args(argv)
-    unknown = sorted(set(args.methods) - set(METHODS))
-    if unknown:
-        parser.error(f"unknown method(s) {', '.join(unknown)}; known: {', '.join(METHODS)}")
-    if args.jobs < 1:
-        parser.error("--jobs must be >= 1")
-    return args
+    return parser
 
 
 if __name__ == "__main__":

@@ -2,18 +2,19 @@
 
 A result is one run, normalised by :mod:`dept_cli.compare`: per-source final bits per byte
 and perplexity, the per-round average curve, bytes communicated and the data-parallel
-reference, embedding parameters per source, tokens trained, wall time; or an ``error``.
+reference, embedding parameters per source, tokens trained, wall time; or an ``error``;
+and, crashed or not, the vocabulary sizes it was run with (global, and per source).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 from dept.config import DeptConfig, to_run_config
-from dept.variants import VARIANTS
-from dept_cli.methods import BASELINES, FEDERATED, title
+from dept_cli.methods import BASELINES, FEDERATED, own_tokenizer, title
 from server_app.report import dumps
 
 STD_METHODS = tuple(m for m, b in BASELINES.items() if not b.forgets)  # the reference runs
@@ -80,6 +81,10 @@ def render_markdown(
         f"learning rates {', '.join(f'{lr:g}' for lr in lrs)}; each column is its best "
         f"rate (lowest final average bits per byte). Total wall time {wall_s / 60:.1f} min.",
         "",
+        f"Vocabularies: one global tokenizer of {cfg.global_vocab_size:,} tokens for the "
+        "methods that share it; each source's own of its vocab-size for the others (the "
+        "global size where the sources file gives none, see `compared-sources.yaml`).",
+        "",
         "## Validation bits per byte (lower is better; best per row in bold)",
         "",
         _table(
@@ -89,6 +94,10 @@ def render_markdown(
                 for name in [*sources, "**average**"]
             ],
         ),
+        "",
+        "## Vocabulary size",
+        "",
+        _table(["", *(title(m) for m in methods)], _vocab_rows(best, methods)),
         "",
         "## Cost",
         "",
@@ -102,7 +111,7 @@ def render_markdown(
                 [
                     name,
                     *(
-                        "n/a (own tokenizer)" if _own_tokenizer(m) else _num(_ppl(best[m], name))
+                        "n/a (own tokenizer)" if own_tokenizer(m) else _num(_ppl(best[m], name))
                         for m in methods
                     ),
                 ]
@@ -146,9 +155,26 @@ def _cost_rows(best: dict[str, dict[str, Any]], methods: list[str]) -> list[list
     ]
 
 
-def _own_tokenizer(method: str) -> bool:
-    """Its perplexity per token is not comparable with the others'."""
-    return method in VARIANTS and VARIANTS[method].own_tokenizer
+def _vocab_rows(best: dict[str, dict[str, Any]], methods: list[str]) -> list[list[str]]:
+    """What each method's tokenizers held: a smaller vocabulary alone moves bits per byte."""
+    return [
+        ["tokenizer", *("own per source" if own_tokenizer(m) else "global" for m in methods)],
+        ["per source", *(size_range(best[m]["source_vocab_sizes"].values()) for m in methods)],
+        [
+            "global (--global-vocab-size)",
+            *(
+                f"{best[m]['global_vocab_size']:,}{' (not used)' if own_tokenizer(m) else ''}"
+                for m in methods
+            ),
+        ],
+    ]
+
+
+def size_range(sizes: Iterable[int]) -> str:
+    """``4,096`` when every source has that size, else ``2,048–4,096``."""
+    values = list(sizes)
+    low, high = min(values), max(values)
+    return f"{low:,}" if low == high else f"{low:,}–{high:,}"
 
 
 def _source_bpb(result: dict[str, Any], name: str) -> float:

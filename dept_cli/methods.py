@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from dept.sources import SourceSpec
 from dept.variants import VARIANTS
 
 
@@ -34,3 +35,14 @@ METHODS: tuple[str, ...] = (*BASELINES, *FEDERATED)
 def title(method: str) -> str:
     """A method's name in the paper (a table's column heading)."""
     return BASELINES[method].title if method in BASELINES else method.upper()
+
+
+def own_tokenizer(method: str) -> bool:
+    """Each source trains its own tokenizer (SPEC-OPT): perplexities per token do not compare."""
+    return method in VARIANTS and VARIANTS[method].own_tokenizer
+
+
+def vocab_sizes(method: str, specs: list[SourceSpec], global_size: int) -> dict[str, int]:
+    """The size of the tokenizer each source trains with under ``method``: its own
+    ``vocab-size`` where the method gives each source its own tokenizer, else the global one."""
+    return {s.name: s.vocab_size if own_tokenizer(method) else global_size for s in specs}

@@ -144,3 +144,17 @@ def test_an_unreadable_sources_file_is_named(
     monkeypatch.setattr(Path, "read_bytes", denied)
     with pytest.raises(ConfigError, match=f"^sources file {path} cannot be read"):
         load_sources(path)
+
+
+def test_defaults_fill_only_the_keys_an_entry_omits(tmp_path: Path) -> None:
+    path = tmp_path / "sources.yaml"
+    path.write_text(
+        "- {name: given, path: 'builtin:synthetic-latin', vocab-size: 512}\n"
+        "- {name: omitted, path: 'builtin:synthetic-greek'}\n"
+    )
+
+    plain = {s.name: s.vocab_size for s in load_sources(path)}
+    filled = {s.name: s.vocab_size for s in load_sources(path, defaults={"vocab-size": 4096})}
+
+    assert plain == {"given": 512, "omitted": SourceSpec.vocab_size}, "dept run keeps 2048"
+    assert filled == {"given": 512, "omitted": 4096}

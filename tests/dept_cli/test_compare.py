@@ -1,14 +1,19 @@
-"""dept compare end to end on the debug preset: every method, one table, crashes shown."""
+"""dept compare: end to end on the debug preset (every method, one table, crashes shown), and
+its planning: one vocabulary size for every method, rounds from the budget, its help."""
 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
 
+from dept.sources import load_sources
 from dept_cli import compare
 from dept_cli.methods import METHODS
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_compare_runs_every_method_and_reports_a_crash(
@@ -17,7 +22,7 @@ def test_compare_runs_every_method_and_reports_a_crash(
     sources = tmp_path / "sources.yaml"
     sources.write_text(
         "- {name: synth-latin, path: 'builtin:synthetic-latin', vocab-size: 512}\n"
-        "- {name: synth-greek, path: 'builtin:synthetic-greek', vocab-size: 512}\n"
+        "- {name: synth-greek, path: 'builtin:synthetic-greek'}\n"  # SPEC-OPT: the global 600
     )
     real_baseline = compare._run_baseline
 
@@ -53,9 +58,78 @@ def test_compare_runs_every_method_and_reports_a_crash(
     assert header.count("|") == len(METHODS) + 2, "one column per method"
     assert "crashed: FloatingPointError" in table
     assert (out / "comparison.png").stat().st_size > 0
+    spec_opt = report["methods"]["spec-opt"]
+    assert spec_opt["source_vocab_sizes"] == {"synth-latin": 512, "synth-greek": 600}
+    assert spec_opt["global_vocab_size"] == glob["global_vocab_size"] == 600
+    assert glob["source_vocab_sizes"] == {"synth-latin": 600, "synth-greek": 600}
+    rows = spec_opt["embedding_params"]  # one row per token of each source's own tokenizer
+    assert rows["synth-greek"] * 512 == rows["synth-latin"] * 600, "trained at the sizes shown"
+    assert "| per source | " + " | ".join(["600"] * 7 + ["512–600"]) + " |" in table
+
+
+def _args(tmp_path: Path, *extra: str) -> compare.argparse.Namespace:
+    sources = tmp_path / "sources.yaml"
+    sources.write_text(
+        "- {name: given, path: 'builtin:synthetic-latin', vocab-size: 512}\n"
+        "- {name: omitted, path: 'builtin:synthetic-greek'}\n"
+    )
+    return compare.parse_args(["--sources-file", str(sources), "--model", "debug", *extra])
+
+
+def test_spec_opt_gets_the_global_vocab_size_where_a_source_gives_none(tmp_path: Path) -> None:
+    args = _args(tmp_path, "--global-vocab-size", "1024", "--lrs", "0.01")
+    out = tmp_path / "out"
+
+    plans = {p.method: p for p in compare.make_plans(args, compare.base_config(args, out), out)}
+
+    assert plans["spec-opt"].vocab_sizes == {"given": 512, "omitted": 1024}, "explicit is kept"
+    for method in ("std-0", "act", "glob", "trim", "spec"):
+        assert plans[method].vocab_sizes == {"given": 1024, "omitted": 1024}, method
+        assert plans[method].global_vocab_size == 1024
+    written = {s.name: s.vocab_size for s in load_sources(out / compare.COMPARED_SOURCES)}
+    assert written == {"given": 512, "omitted": 1024}, "every run reads the equalised file"
+    assert plans["spec-opt"].run_config["sources-file"] == str(out / compare.COMPARED_SOURCES)
+
+
+def test_the_budget_becomes_rounds_as_the_help_says(tmp_path: Path) -> None:
+    defaults = compare.parse_args(["--sources-file", "x.yaml"])
+    corpora = load_sources(ROOT / "benchmarks" / "corpora.yaml")
+    budget = (defaults.tokens, len(corpora), defaults.local_steps, defaults.batch_size)
+
+    assert budget == (550_000, 9, 40, 4) and defaults.seq_len == 64, "the help's worked example"
+    assert compare.rounds_for(*budget, defaults.seq_len) == 6
+    assert compare.rounds_for(1, 9, 40, 4, 64) == 1, "never zero rounds"
+    args = _args(tmp_path, "--tokens", "9000", "--local-steps", "4", "--batch-size", "2")
+    base = compare.base_config(args, tmp_path / "out")
+    assert (base.num_server_rounds, base.local_steps) == (9, 4)  # 9000 / (2 x 4 x 2 x 64) = 8.8
+
+
+def test_help_shows_every_default_and_how_the_budget_becomes_rounds() -> None:
+    text = compare.build_parser().format_help()
+
+    options = re.findall(r"^  (--[a-z-]+)(.*?)(?=^  -|^\S|\Z)", text, re.M | re.S)
+    assert len(options) == 18
+    no_default = [
+        name for name, help_text in options if "(default: " not in " ".join(help_text.split())
+    ]
+    assert no_default == ["--sources-file"], "a required option has no default"
+    assert "num-server-rounds = max(1, round(tokens / tokens per round))" in text
+    assert "so 6 rounds of 40 steps" in text
 
 
 def test_compare_rejects_an_unknown_method(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
         compare.main(["--sources-file", "x.yaml", "--methods", "std,foo"])
     assert "unknown method(s) foo, std" in capsys.readouterr().err
+
+
+def test_a_missing_sources_file_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    missing = tmp_path / "nope.yaml"
+
+    assert compare.main(["--sources-file", str(missing), "--out", str(tmp_path / "out")]) == 2
+    assert (
+        capsys.readouterr().err
+        == f"dept compare: error: config key 'sources-file': {missing} does not exist\n"
+    )
