@@ -17,6 +17,7 @@ import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
+from difflib import get_close_matches
 from pathlib import Path
 from typing import Any, Literal, TypeVar, get_args, get_origin, get_type_hints
 
@@ -355,10 +356,7 @@ def build_structured(schema_cls: type[T], layers: list[dict[str, Any]], where: s
         for layer in layers:
             unknown = sorted(k for k in layer if "_" in k or snake(k) not in known)
             if unknown:
-                raise ConfigError(
-                    f"{where}: unknown key(s) {', '.join(unknown)} (keys are kebab-case; known: "
-                    f"{', '.join(sorted(kebab(k) for k in known))})"
-                )
+                raise ConfigError(f"{where}: {_unknown_keys(unknown, known)}")
             _refuse_quoted_numbers(layer, types, where)
             schema = OmegaConf.merge(schema, {snake(k): v for k, v in layer.items()})
         obj = OmegaConf.to_object(schema)
@@ -368,6 +366,17 @@ def build_structured(schema_cls: type[T], layers: list[dict[str, Any]], where: s
         raise ConfigError(f"{where} key '{key}': {problem}") from exc
     assert isinstance(obj, schema_cls)
     return obj
+
+
+def _unknown_keys(unknown: list[str], known: set[str]) -> str:
+    """What is wrong with ``unknown``: the closest known key of each where one is near
+    (``num-server-round``: did you mean ``num-server-rounds``?), else where to find them."""
+    names = sorted(kebab(k) for k in known)
+    guesses = [
+        f"{k} (did you mean {close[0]}?)" if (close := get_close_matches(kebab(k), names, 1)) else k
+        for k in unknown
+    ]
+    return f"unknown key(s) {', '.join(guesses)}; keys are kebab-case, listed by dept run --help"
 
 
 def _refuse_quoted_numbers(layer: dict[str, Any], types: dict[str, Any], where: str) -> None:

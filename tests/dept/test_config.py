@@ -163,3 +163,13 @@ def test_choice_keys_show_their_choices() -> None:
     assert kinds["variant"] == "|".join(get_args(VariantName))
     assert kinds["compression"] == "none|fp16|int8"
     assert kinds["device"] == "auto|cpu|cuda|mps"
+
+
+def test_an_unknown_key_is_named_with_the_closest_known_one(tmp_path: Path) -> None:
+    run_config = {**debug_run_config(tmp_path), "num-server-round": 3, "zzz": 1}
+    with pytest.raises(ConfigError) as refused:
+        load_config(run_config)
+    assert str(refused.value) == (
+        "config: unknown key(s) num-server-round (did you mean num-server-rounds?), zzz; "
+        "keys are kebab-case, listed by dept run --help"
+    )
