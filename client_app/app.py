@@ -34,12 +34,16 @@ from flwr.common.constant import ErrorCode
 from client_app.node import node_setup, served_sources
 from dept import keys
 from dept.config import load_config
-from dept.logs import route_to
+from dept.logs import drop_misleading_notices, route_to
 from dept.source_client import SourceClient
 from dept.workspace import Attempt, Workspace
 
 log = logging.getLogger(__name__)
 RUN_ID_PATTERN = re.compile(r"[A-Za-z0-9_-]{1,64}")
+# context.state: the sources this node has said where their embeddings came from. It lives
+# as long as the SuperNode (across rounds, in simulation and deployment), so a node says it
+# once per source and run, and again after a restart: what a returning node found.
+ANNOUNCED = "announced"
 app = ClientApp()
 
 
@@ -70,6 +74,7 @@ def _set_up(run_id: str, source: str, run_config: str, node_config: str) -> Sour
 
 def _reply_or_error(msg: Message, context: Context, handler: Callable[[], RecordDict]) -> Message:
     route_to("flwr")
+    drop_misleading_notices("flwr")
     datasets.disable_progress_bars()
     try:
         content = handler()
@@ -122,6 +127,16 @@ def _attempt(config: ConfigRecord) -> Attempt:
     )
 
 
+def _first_call(context: Context, source: str) -> bool:
+    """Whether this node acts as ``source`` for the first time (:data:`ANNOUNCED`; noted)."""
+    if ANNOUNCED not in context.state.config_records:
+        context.state[ANNOUNCED] = ConfigRecord()
+    announced = context.state.config_records[ANNOUNCED]
+    first = source not in announced
+    announced[source] = True
+    return first
+
+
 def _shared(msg: Message) -> dict:
     """θ, and ψ, φ or φ's rows where the variant shares them."""
     return msg.content.array_records[keys.ARRAYS].to_torch_state_dict()
@@ -139,6 +154,7 @@ def train(msg: Message, context: Context) -> Message:
             int(config[keys.SERVER_ROUND]),  # type: ignore[arg-type]
             _attempt(config),
             _last_trained(config),
+            announce=_first_call(context, client.spec.name),
         )
         arrays = ArrayRecord(result.payload)  # compressed as configured; ids stay int32
         if client.shared_ids is not None:
@@ -172,6 +188,7 @@ def evaluate(msg: Message, context: Context) -> Message:
             int(config[keys.SERVER_ROUND]),  # type: ignore[arg-type]
             _attempt(config),
             _last_trained(config),
+            announce=_first_call(context, client.spec.name),
         )
         metrics = MetricRecord(
             {

@@ -1,7 +1,9 @@
-"""Send this project's log records through the handlers of a host logger (Flower's, in the apps).
+"""Send this project's log records through the handlers of a host logger (Flower's, in the apps),
+and keep out of it the Flower notices that are wrong for this app.
 
 The core logs with ``logging.getLogger(__name__)`` and configures nothing at import time;
-an app calls :func:`route_to` once so its records show where Flower's own lines show.
+an app calls :func:`route_to` and :func:`drop_misleading_notices` once so its records show
+where Flower's own lines show, without the noise.
 """
 
 from __future__ import annotations
@@ -9,6 +11,14 @@ from __future__ import annotations
 import logging
 
 PROJECT_LOGGERS = ("dept", "dept_strategy", "server_app", "client_app", "dept_cli")
+# Flower notices that mislead in this app: the exact template Flower logs each with (so
+# nothing else is ever dropped; a release that rewords one lets it through again), and the
+# Flower module that logs it.
+MISLEADING_NOTICES = {
+    # Every Ray actor logs it as the simulation shuts down, after a good run as after a
+    # failed one.
+    "Manually terminating %s": "flwr.simulation.ray_transport.ray_actor",
+}
 
 
 def route_to(host: str = "flwr", level: int = logging.INFO) -> None:
@@ -21,3 +31,17 @@ def route_to(host: str = "flwr", level: int = logging.INFO) -> None:
             if handler not in logger.handlers:
                 logger.addHandler(handler)
         logger.propagate = not handlers
+
+
+def drop_misleading_notices(host: str = "flwr") -> None:
+    """Filter :data:`MISLEADING_NOTICES` out of ``host``, the logger Flower logs them on
+    (idempotent). Installed by the process that would print them: a filter reaches only the
+    records of its own process."""
+    logger = logging.getLogger(host)
+    if not_misleading not in logger.filters:
+        logger.addFilter(not_misleading)
+
+
+def not_misleading(record: logging.LogRecord) -> bool:
+    """False for a record of one of :data:`MISLEADING_NOTICES`."""
+    return not (isinstance(record.msg, str) and record.msg in MISLEADING_NOTICES)

@@ -145,9 +145,12 @@ class SourceClient:
         ids = self.shared_ids
         return len(ids) if ids is not None else 0
 
-    def model(self, arrays: dict[str, torch.Tensor], state: SourceState | None) -> PreTrainedModel:
+    def model(
+        self, arrays: dict[str, torch.Tensor], state: SourceState | None, announce: bool = True
+    ) -> PreTrainedModel:
         """θ (and ψ, φ rows where shared) from the server plus this node's own φ_k and ψ_k
-        from ``state`` (freshly initialised, seeded by source name, before its first round)."""
+        from ``state`` (freshly initialised, seeded by source name, before its first round).
+        ``announce``: log where φ_k came from (the app asks once per source and node life)."""
         model = build_model(
             self.cfg.model,
             self.vocab_size,
@@ -164,9 +167,9 @@ class SourceClient:
         if kept:
             own = state.embeddings if state is not None else self._initial_embeddings(kept)
             load_tensors(kept, own, f"source {self.spec.name!r}'s saved")
-            # In the node's log: did a returning node find its embeddings?
-            origin = f"from the state of round {state.server_round}" if state else "fresh"
-            log.info("%s: embeddings %s (%s)", self.spec.name, origin, self.ws.dir)
+            if announce:  # in the node's log: did a returning node find its embeddings?
+                origin = f"from the state of round {state.server_round}" if state else "fresh"
+                log.info("%s: embeddings %s (%s)", self.spec.name, origin, self.ws.dir)
         shared = self._shared_rows()
         with torch.no_grad():
             for name, param in embeddings.items():
@@ -233,13 +236,14 @@ class SourceClient:
         server_round: int,
         attempt: Attempt | None = None,
         last_trained: int = -1,
+        announce: bool = True,
     ) -> RoundResult:
         """Train round ``server_round`` from θ in ``arrays``; ``last_trained`` is the round
         the server last took an update of this source from (-1: none)."""
         found = self.state(server_round, attempt)
         event = self.state_event(found, server_round, last_trained)
         state = found.state
-        model = self.model(arrays, state)
+        model = self.model(arrays, state, announce)
         optimizer = make_inner_optimizer(model, self.cfg)
         if state is not None and state.optimizer is not None and self.cfg.keep_inner_optimizer:
             optimizer.load_state_dict(state.optimizer)
@@ -299,13 +303,14 @@ class SourceClient:
         server_round: int,
         attempt: Attempt | None = None,
         last_trained: int = -1,
+        announce: bool = True,
     ) -> tuple[EvalResult, str]:
         """Score the validation text with θ and the state as of the end of ``server_round``;
         also what to report of that state (:meth:`state_event`)."""
         found = self.state(server_round + 1, attempt)
         event = self.state_event(found, server_round, last_trained)
         result = evaluate_stream(
-            self.model(arrays, found.state),
+            self.model(arrays, found.state, announce),
             self.tokens.validation,
             self.token_bytes,
             seq_len=self.cfg.seq_len,

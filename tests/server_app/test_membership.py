@@ -86,8 +86,13 @@ def test_a_source_joins_and_a_node_returns_with_its_embeddings(
     assert summary["sources"]["latin"]["joined_round"] == 1
     georgian = summary["sources"]["georgian"]
     assert georgian["evaluated_round"] == 3 and georgian["tokens_trained"] == 2 * 4 * 4 * 64
-    assert "latin: embeddings from the state of round 1" in caplog.text
-    assert "georgian: embeddings fresh" in caplog.text
+    # A node says once where a source's embeddings came from: fresh, as each started here.
+    for script in SCRIPTS:
+        assert caplog.text.count(f"{script}: embeddings") == 1, script
+        assert f"{script}: embeddings fresh" in caplog.text
+    assert not [p for p in summary["problems"] if p["kind"] == "state"], (
+        "latin, back after a round away, trained on from its own round-1 state"
+    )
     runs = tmp_path / "state" / "latin" / "runs"
     [run_dir] = runs.iterdir()
     saved = sorted(p.name for p in (run_dir / "latin").glob("round-*"))
