@@ -41,9 +41,10 @@ from typing import Any
 import numpy as np
 import torch
 from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
 from dept.data import SourceText, StreamPosition, load_source_text
+from dept.files import save_tensors
 from dept.model import INIT_STD
 from dept.sources import SourceSpec
 from dept.vocab import ensure_tokenizer
@@ -154,9 +155,7 @@ class Workspace:
         tmp.mkdir(parents=True)
         for tensors, name in ((state.embeddings, EMBEDDINGS_FILE), (state.residual, RESIDUAL_FILE)):
             if tensors:
-                save_file(
-                    {k: v.detach().cpu().contiguous() for k, v in tensors.items()}, str(tmp / name)
-                )
+                save_tensors(tensors, tmp / name)
         if state.optimizer is not None:
             torch.save(state.optimizer, tmp / OPTIMIZER_FILE)
         progress = {

@@ -26,9 +26,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
 from dept.config import ConfigError, DeptConfig, to_run_config
+from dept.files import save_tensors
 from dept.model import model_choice
 from dept.workspace import replace_dir
 from server_app.report import dumps
@@ -76,9 +77,7 @@ def save_checkpoint(
     tmp = root / f".tmp-round-{server_round:04d}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
-    save_file(
-        {k: v.detach().cpu().contiguous() for k, v in tensors.items()}, str(tmp / TENSORS_FILE)
-    )
+    save_tensors(tensors, tmp / TENSORS_FILE)
     (tmp / STATE_FILE).write_text(dumps({**state, "round": server_round}))
     sums = "".join(f"{_sha256(tmp / name)}  {name}\n" for name in (STATE_FILE, TENSORS_FILE))
     (tmp / DIGESTS_FILE).write_text(sums)

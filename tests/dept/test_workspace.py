@@ -1,5 +1,6 @@
 """A source's per-round state: kept, pruned, and dropped when a crashed attempt left it."""
 
+import os
 from dataclasses import replace
 from pathlib import Path
 
@@ -118,3 +119,14 @@ def test_a_stray_folder_is_not_a_round(tmp_path: Path) -> None:
     assert found.state is not None and found.state.server_round == 1 and not found.unusable
     ws.save_state(2, _state(2))  # pruning too passes over them
     assert (ws.dir / "round-0001.bak").is_dir()
+
+
+def test_a_saved_state_has_the_mode_the_umask_gives_any_new_file(tmp_path: Path) -> None:
+    umask = os.umask(0o027)  # safetensors alone would write its file 0600
+    try:
+        Workspace(tmp_path, "run", "src").save_state(1, _state(1))
+    finally:
+        os.umask(umask)
+    folder = Workspace(tmp_path, "run", "src").dir / "round-0001"
+    modes = {p.name: p.stat().st_mode & 0o777 for p in folder.iterdir()}
+    assert modes == dict.fromkeys((EMBEDDINGS_FILE, OPTIMIZER_FILE, PROGRESS_FILE), 0o640)

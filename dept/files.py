@@ -1,0 +1,39 @@
+"""Tensor files with the mode every other output file gets.
+
+safetensors (0.8) writes a file under a temporary name it creates 0600 and renames into
+place, so a ``.safetensors`` file came out owner-only while the JSON and CSV beside it
+follow the umask (0644 under the usual 022). :func:`save_tensors` gives it the mode a new
+file gets in its folder, so a run's outputs (or a node's state) are all alike and the umask
+still decides. Secrets are another matter: :mod:`dept.certificates` writes them 0600.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import threading
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+
+def save_tensors(tensors: dict[str, torch.Tensor], path: Path) -> None:
+    """``tensors`` (moved to the CPU, made contiguous) as a safetensors file at ``path``,
+    written atomically (safetensors' own rename) with the mode of :func:`new_file_mode`."""
+    save_file({k: v.detach().cpu().contiguous() for k, v in tensors.items()}, str(path))
+    path.chmod(new_file_mode(path.parent))
+
+
+def new_file_mode(folder: Path) -> int:
+    """The permission bits a file created in ``folder`` gets: 0666 less the umask (or as
+    the folder's default ACL says). Found by creating one, since the umask cannot be read
+    without setting it, which would race with the files other threads create meanwhile."""
+    probe = folder / f".mode-probe-{os.getpid()}-{threading.get_ident()}"
+    probe.unlink(missing_ok=True)  # left by a process killed here that had this pid
+    descriptor = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    try:
+        return stat.S_IMODE(os.fstat(descriptor).st_mode)
+    finally:
+        os.close(descriptor)
+        probe.unlink()
