@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -180,8 +181,32 @@ class RunHistory:
             self.oracle_bpb[source] = oracle
 
     def sources(self) -> list[str]:
+        """The sources with a result that counted (an update taken or an evaluation)."""
         names = {s for r in self.rounds.values() for s in (*r.train, *r.eval)}
         return sorted(names)
+
+    def never_succeeded(self) -> list[str]:
+        """The sources named only by replies that failed or were refused: not one result
+        of theirs counted, so only :meth:`failures` says anything of them."""
+        named = {e["source"] for e in self._failed_or_refused() if "source" in e}
+        return sorted(named - set(self.sources()))
+
+    def failures(self, source: str) -> list[str]:
+        """Why replies for ``source`` did not count (an error, none in time, refused),
+        oldest first."""
+        return [e["reason"] for e in self._failed_or_refused() if e.get("source") == source]
+
+    def _failed_or_refused(self) -> Iterator[dict[str, str]]:
+        for _, record in sorted(self.rounds.items()):
+            yield from (*record.failed, *record.rejected)
+
+    def unserved_nodes(self) -> dict[str, str]:
+        """``{node: reason}`` for the nodes that, in the run's last round, still could not
+        say which sources they serve (so no source of theirs is known by name)."""
+        if not self.rounds:
+            return {}
+        last = self.rounds[max(self.rounds)]
+        return {e["node"]: e["reason"] for e in last.failed if "source" not in e}
 
     def latest_eval(self, source: str) -> tuple[int, dict[str, float]] | None:
         for server_round in sorted(self.rounds, reverse=True):
@@ -251,21 +276,10 @@ class RunHistory:
     def round_json(self, server_round: int) -> dict[str, Any]:
         """One line of ``metrics.jsonl``."""
         record = self.rounds[server_round]
-        per_source: dict[str, dict[str, float]] = {}
-        for source in sorted({*record.train, *record.eval}):
-            train, ev = record.train.get(source, {}), record.eval.get(source, {})
-            per_source[source] = {
-                "train_loss": train.get(keys.TRAIN_LOSS, math.nan),
-                "val_loss": ev.get(keys.VAL_LOSS, math.nan),
-                "val_ppl": ev.get(keys.VAL_PPL, math.nan),
-                "val_bpb": ev.get(keys.VAL_BPB, math.nan),
-                "tokens": train.get(keys.NUM_EXAMPLES, 0),
-                "tokens_per_s": train.get(keys.TOKENS_PER_S, math.nan),
-                "bytes_up": train.get("bytes_up", 0),
-                "bytes_down": train.get(keys.BYTES_RECEIVED, 0),
-                "update_rms": train.get("update_rms", math.nan),
-                "update_max": train.get("update_max", math.nan),
-            }
+        per_source = {
+            source: source_row(record.train.get(source, {}), record.eval.get(source, {}))
+            for source in sorted({*record.train, *record.eval})
+        }
         return {
             "round": server_round,
             "global_step": record.global_step,
@@ -281,3 +295,26 @@ class RunHistory:
             "bytes_up": record.bytes_up,
             "bytes_down": record.bytes_down,
         }
+
+
+def source_row(train: dict[str, float], ev: dict[str, float]) -> dict[str, float | int]:
+    """Every number of one source in one round, from its taken update (``train``) and its
+    evaluation (``ev``): NaN where it has none, counts (tokens, steps, bytes) as integers.
+    A row of ``metrics.csv``, and a source of a ``metrics.jsonl`` line."""
+    return {
+        "train_loss": train.get(keys.TRAIN_LOSS, math.nan),
+        "train_final_loss": train.get(keys.TRAIN_FINAL_LOSS, math.nan),
+        "val_loss": ev.get(keys.VAL_LOSS, math.nan),
+        "val_ppl": ev.get(keys.VAL_PPL, math.nan),
+        "val_bpb": ev.get(keys.VAL_BPB, math.nan),
+        "tokens": int(train.get(keys.NUM_EXAMPLES, 0)),
+        "local_steps": int(train.get(keys.LOCAL_STEPS, 0)),
+        "train_s": train.get(keys.TRAIN_SECONDS, math.nan),
+        "tokens_per_s": train.get(keys.TOKENS_PER_S, math.nan),
+        "bytes_up": int(train.get("bytes_up", 0)),
+        "bytes_down": int(train.get(keys.BYTES_RECEIVED, 0)),
+        "update_rms": train.get("update_rms", math.nan),
+        "update_max": train.get("update_max", math.nan),
+        "val_tokens": int(ev.get(keys.VAL_TOKENS, 0)),
+        "val_bytes": int(ev.get(keys.VAL_BYTES, 0)),
+    }

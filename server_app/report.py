@@ -2,8 +2,12 @@
 
 Files in ``output-dir``: ``config.json`` (the validated config), ``metrics.jsonl`` (one
 object per round, written as the round ends), ``metrics.csv`` (one row per round and
-source), ``summary.json``, ``body.safetensors`` (θ, and ψ where shared),
-``embeddings.safetensors`` (the global φ, GLOB and TRIM only) and ``val_bpb.png``.
+source: the numbers of its ``sources``), ``summary.json``, ``body.safetensors`` (θ, and ψ
+where shared), ``embeddings.safetensors`` (the global φ, GLOB and TRIM only) and
+``val_bpb.png``, all with the mode the umask gives a new file.
+
+A source none of whose replies counted (each failed or was refused) is in the summary and
+the final table too, with the last reason; so is a node that never said what it serves.
 
 Everything is read from the strategy's :class:`~dept_strategy.history.RunHistory`, which the
 report never changes: a round's ``global_step`` there is the step at the start of its
@@ -25,13 +29,14 @@ from typing import Any
 import torch
 from rich.console import Console
 from rich.table import Table
-from safetensors.torch import save_file
+from rich.text import Text
 
 from dept import keys
 from dept.config import DeptConfig, to_run_config
+from dept.files import save_tensors
 from dept.model import position_count
 from dept.variants import variant
-from dept_strategy.history import RunHistory
+from dept_strategy.history import RunHistory, source_row
 from server_app.tracking import TENSORBOARD_DIR, Trackers
 
 log = logging.getLogger(__name__)
@@ -111,14 +116,9 @@ class RunReport:
         as ``summary.json`` holds it (a missing or non-finite number is None)."""
         summary = {"run_id": self.run_id, **build_summary(history, self.cfg, wall_s)}
         (self.out_dir / "summary.json").write_text(dumps(summary, indent=2))
-        save_file(
-            {k: v.contiguous() for k, v in body.items()}, str(self.out_dir / "body.safetensors")
-        )
+        save_tensors(body, self.out_dir / "body.safetensors")
         if embeddings:
-            save_file(
-                {k: v.contiguous() for k, v in embeddings.items()},
-                str(self.out_dir / "embeddings.safetensors"),
-            )
+            save_tensors(embeddings, self.out_dir / "embeddings.safetensors")
         self._write_csv(history)
         self._plot(history)
         log.info("\n%s", render_table(summary))
@@ -136,24 +136,15 @@ class RunReport:
         return _finite(summary)
 
     def _write_csv(self, history: RunHistory) -> None:
+        """The ``sources`` of every ``metrics.jsonl`` line, a row each; an empty cell where
+        a source had no such number that round (JSON's null)."""
         with (self.out_dir / "metrics.csv").open("w", newline="") as f:
             writer = csv.writer(f)
-            writer.writerow(
-                ["round", "source", "train_loss", "val_loss", "val_ppl", "val_bpb", "tokens"]
-            )
+            writer.writerow(["round", "source", *source_row({}, {})])
             for server_round in sorted(history.rounds):
                 for source, m in history.round_json(server_round)["sources"].items():
-                    writer.writerow(
-                        [
-                            server_round,
-                            source,
-                            m["train_loss"],
-                            m["val_loss"],
-                            m["val_ppl"],
-                            m["val_bpb"],
-                            m["tokens"],
-                        ]
-                    )
+                    cells = ("" if v is None else v for v in _finite(list(m.values())))
+                    writer.writerow([server_round, source, *cells])
 
     def _plot(self, history: RunHistory) -> None:
         import matplotlib
@@ -219,28 +210,10 @@ def archive_previous_run(out_dir: Path) -> Path | None:
 
 
 def build_summary(history: RunHistory, cfg: DeptConfig, wall_s: float) -> dict[str, Any]:
-    """``summary.json``: final and initial per-source quality, tokens, embeddings, bytes."""
-    sources: dict[str, dict[str, Any]] = {}
-    for name in history.sources():
-        latest = history.latest_eval(name)
-        final = latest[1] if latest else {}
-        initial = history.rounds.get(0)
-        sources[name] = {
-            "val_bpb": final.get(keys.VAL_BPB, math.nan),
-            "val_ppl": final.get(keys.VAL_PPL, math.nan),
-            "val_loss": final.get(keys.VAL_LOSS, math.nan),
-            "evaluated_round": latest[0] if latest else None,
-            # A source whose node joined the running federation first trained after round 1.
-            "joined_round": min(
-                (r for r, record in history.rounds.items() if name in record.train), default=None
-            ),
-            "initial_val_bpb": initial.eval.get(name, {}).get(keys.VAL_BPB, math.nan)
-            if initial
-            else math.nan,
-            "oracle_bpb": history.oracle_bpb.get(name),
-            "tokens_trained": history.tokens_trained(name),
-            "embedding_params": history.embedding_params.get(name, 0),
-        }
+    """``summary.json``: final and initial per-source quality, tokens, embeddings, bytes;
+    what failed for a source, and the nodes that never said what they serve."""
+    names = sorted([*history.sources(), *history.never_succeeded()])
+    sources = {name: _source_summary(history, name) for name in names}
     paired = [
         s
         for s in sources.values()
@@ -261,8 +234,35 @@ def build_summary(history: RunHistory, cfg: DeptConfig, wall_s: float) -> dict[s
         "comm": history.comm.as_dict(),
         "rejected_updates": sum(len(r.rejected) for r in history.rounds.values()),
         "failed_replies": sum(len(r.failed) for r in history.rounds.values()),
+        "unserved_nodes": history.unserved_nodes(),
         "problems": history.problems(),
         "wall_s": round(wall_s, 2),
+    }
+
+
+def _source_summary(history: RunHistory, name: str) -> dict[str, Any]:
+    """One source of ``summary.json``: NaN (null) and None where it never counted."""
+    latest = history.latest_eval(name)
+    final = latest[1] if latest else {}
+    initial = history.rounds.get(0)
+    failures = history.failures(name)
+    return {
+        "val_bpb": final.get(keys.VAL_BPB, math.nan),
+        "val_ppl": final.get(keys.VAL_PPL, math.nan),
+        "val_loss": final.get(keys.VAL_LOSS, math.nan),
+        "evaluated_round": latest[0] if latest else None,
+        # A source whose node joined the running federation first trained after round 1.
+        "joined_round": min(
+            (r for r, record in history.rounds.items() if name in record.train), default=None
+        ),
+        "initial_val_bpb": initial.eval.get(name, {}).get(keys.VAL_BPB, math.nan)
+        if initial
+        else math.nan,
+        "oracle_bpb": history.oracle_bpb.get(name),
+        "tokens_trained": history.tokens_trained(name),
+        "embedding_params": history.embedding_params.get(name, 0),
+        "failures": len(failures),  # its replies that failed or were refused
+        "last_failure": failures[-1] if failures else None,
     }
 
 
@@ -285,24 +285,24 @@ def _mean(values: Any) -> float:
 
 
 def render_table(summary: dict[str, Any]) -> str:
-    """The end-of-run table: bits per byte before/after per source, then communication."""
+    """The end-of-run table: bits per byte before/after per source, then communication;
+    under it, why a source trained in no round, and the nodes that served none."""
     table = Table(title=f"DEPT {summary['variant']} — validation bits per byte")
     for column in ("source", "before", "after", "best possible", "tokens", "embedding params"):
         table.add_column(column, justify="left" if column == "source" else "right")
     for name, s in summary["sources"].items():
-        oracle = f"{s['oracle_bpb']:.3f}" if s["oracle_bpb"] is not None else "–"
         table.add_row(
             name,
-            f"{s['initial_val_bpb']:.3f}",
-            f"{s['val_bpb']:.3f}",
-            oracle,
+            _number(s["initial_val_bpb"], ".3f"),
+            _number(s["val_bpb"], ".3f"),
+            _number(s["oracle_bpb"], ".3f"),
             f"{s['tokens_trained']:,}",
             f"{s['embedding_params']:,}",
         )
     table.add_row(
         "average",
-        f"{summary['initial_avg_val_bpb']:.3f}",
-        f"{summary['avg_val_bpb']:.3f}",
+        _number(summary["initial_avg_val_bpb"], ".3f"),
+        _number(summary["avg_val_bpb"], ".3f"),
         "",
         "",
         "",
@@ -328,8 +328,31 @@ def render_table(summary: dict[str, Any]) -> str:
     buffer = io.StringIO()
     console = Console(width=110, file=buffer)
     console.print(table)
+    for note in _failure_notes(summary):
+        console.print(Text(note))  # Text: a reason's brackets are not rich markup
     console.print(comm_table)
     return buffer.getvalue()
+
+
+def _failure_notes(summary: dict[str, Any]) -> list[str]:
+    """Why a source trained in no round (its last failure), and the nodes that never said
+    which sources they serve."""
+    notes = [
+        f"{name}: {'none of its replies' if s['evaluated_round'] is None else 'no update'} "
+        f"counted ({s['failures']} failed or refused); last: {s['last_failure']}"
+        for name, s in summary["sources"].items()
+        if s["last_failure"] and not s["tokens_trained"]
+    ]
+    notes += [
+        f"node {node} said no source it serves: {why}"
+        for node, why in summary["unserved_nodes"].items()
+    ]
+    return notes
+
+
+def _number(value: float | None, spec: str) -> str:
+    """``value`` formatted, or a dash where there is none (None, NaN)."""
+    return format(value, spec) if value is not None and math.isfinite(value) else "–"
 
 
 def _mb(n: float) -> str:
