@@ -11,6 +11,7 @@ with the server's φ and the global tokenizer; a source's model has its own ψ_k
 one. Each folder holds ``config.json``, ``model.safetensors``,
 the tokenizer files, ``generation_config.json`` and a short ``README.md``, so
 ``AutoModelForCausalLM.from_pretrained(dir)`` and ``AutoTokenizer.from_pretrained(dir)`` work.
+A folder that already holds files is replaced only with ``--force``.
 
 Run on the machine that holds the source's state directory (its node, in a deployment).
 """
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,6 +31,7 @@ from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerF
 
 from dept.cli_help import HelpFormatter
 from dept.config import ConfigError, DeptConfig, load_config, resolve_path
+from dept.files import new_file_mode
 from dept.model import (
     body_parameters,
     build_model,
@@ -41,7 +44,7 @@ from dept.source_client import SourceClient
 from dept.sources import load_sources, run_sources
 from dept.variants import VARIANTS, variant
 from dept.vocab import check_fits, load_tokenizer
-from dept.workspace import Workspace, default_state_root, global_tokenizer
+from dept.workspace import Workspace, default_state_root, global_tokenizer, replace_dir
 
 
 @dataclass
@@ -81,9 +84,11 @@ def export_source(
     state_dir: Path | None = None,
     sources_file: Path | None = None,
     global_tokenizer_file: Path | None = None,
+    force: bool = False,
 ) -> Path:
-    """Write ``source``'s model folder to ``out``. On a deployed node pass its
-    ``global-tokenizer`` (SPEC, TRIM, GLOB), as the node itself was given."""
+    """Write ``source``'s model folder to ``out`` (:func:`check_destination`). On a deployed
+    node pass its ``global-tokenizer`` (SPEC, TRIM, GLOB), as the node itself was given."""
+    check_destination(out, force)
     run = load_run(run_dir)
     specs = load_sources(sources_file) if sources_file else run_sources(run.cfg)
     spec = next((s for s in specs if s.name == source), None)
@@ -118,8 +123,11 @@ def export_global(
     *,
     state_dir: Path | None = None,
     global_tokenizer_file: Path | None = None,
+    force: bool = False,
 ) -> Path:
-    """Write the GLOB/TRIM global model (θ, the server's φ, the global tokenizer) to ``out``."""
+    """Write the GLOB/TRIM global model (θ, the server's φ, the global tokenizer) to ``out``
+    (:func:`check_destination`)."""
+    check_destination(out, force)
     run = load_run(run_dir)
     if not variant(run.cfg.variant).shares_embeddings:
         with_global = " and ".join(v.name for v in VARIANTS.values() if v.shares_embeddings)
@@ -142,6 +150,24 @@ def export_global(
     summary = {"avg_val_bpb": run.summary.get("avg_val_bpb")}
     _save(model, tokenizer, out, unused, run.cfg, "the global model", summary)
     return out
+
+
+def check_destination(out: Path, force: bool) -> None:
+    """Refuse (FileExistsError) a folder ``out`` that holds anything, unless ``force`` (as
+    ``dept certs`` does): then the export replaces it whole, so only an earlier export is
+    replaced, never a folder of other files (a run's output-dir) named by mistake."""
+    if out.exists() and not out.is_dir():
+        raise FileExistsError(f"refusing to export into {out}: it is a file, not a folder")
+    if not out.is_dir() or not any(out.iterdir()):
+        return
+    if not force:
+        raise FileExistsError(f"refusing to overwrite {out} (pass --force to replace it)")
+    model = [*out.glob("model*.safetensors"), *out.glob("model.safetensors.index.json")]
+    if not (out / "config.json").is_file() or not model:
+        raise FileExistsError(
+            f"refusing to replace {out} even with --force: it is not an exported model "
+            "(no config.json and model.safetensors); remove it yourself"
+        )
 
 
 def _state_root(cfg: DeptConfig) -> Path:
@@ -207,11 +233,8 @@ def _save(
         suppress_tokens=[i for i in suppressed if i != eos] or None,
         **length,
     )
-    out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(out, safe_serialization=True)
-    tokenizer.save_pretrained(out)
     bpb = quality.get("val_bpb", quality.get("avg_val_bpb"))
-    (out / "README.md").write_text(
+    readme = (
         f"# DEPT {cfg.variant}: {what}\n\n"
         f"{family.name} `{cfg.model}` model trained with DEPT on Flower "
         f"({cfg.num_server_rounds} rounds x {cfg.local_steps} local steps, "
@@ -224,6 +247,25 @@ def _save(
             else ""
         )
     )
+    _write_folder(model, tokenizer, readme, out)
+
+
+def _write_folder(
+    model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast, readme: str, out: Path
+) -> None:
+    """The model folder, written beside ``out`` and renamed over it: an export that fails
+    leaves no half folder, and a replaced one keeps none of its old files."""
+    out = out.resolve()
+    tmp = out.with_name(f".{out.name}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    model.save_pretrained(tmp, safe_serialization=True)
+    tokenizer.save_pretrained(tmp)
+    (tmp / "README.md").write_text(readme)
+    mode = new_file_mode(tmp)  # safetensors writes its files 0600
+    for path in tmp.iterdir():
+        path.chmod(mode)
+    replace_dir(tmp, out)
 
 
 EXAMPLES = """examples:
@@ -249,6 +291,7 @@ def main(argv: list[str] | None = None) -> int:
         help="export the global model (glob, trim)",
     )
     parser.add_argument("--out", type=Path, required=True, help="folder to write")
+    parser.add_argument("--force", action="store_true", help="replace an earlier export in --out")
     parser.add_argument("--state-dir", type=Path, help="the source's state root, if not the run's")
     parser.add_argument("--sources-file", type=Path, help="sources file, if not the run's")
     parser.add_argument(
@@ -262,6 +305,7 @@ def main(argv: list[str] | None = None) -> int:
                 args.out,
                 state_dir=args.state_dir,
                 global_tokenizer_file=args.global_tokenizer,
+                force=args.force,
             )
         else:
             out = export_source(
@@ -271,6 +315,7 @@ def main(argv: list[str] | None = None) -> int:
                 state_dir=args.state_dir,
                 sources_file=args.sources_file,
                 global_tokenizer_file=args.global_tokenizer,
+                force=args.force,
             )
     except (ValueError, OSError) as exc:  # ConfigError is a ValueError
         parser.exit(2, f"{parser.prog}: {exc}\n")

@@ -12,6 +12,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from client_app.app import app as client_app
 from dept.config import ConfigError
 from dept.export import export_global, export_source, load_run, main
+from dept.files import new_file_mode
 from dept.source_client import SourceClient
 from dept.sources import run_sources
 from dept.workspace import Workspace
@@ -84,10 +85,40 @@ def test_export_errors_name_the_problem(tmp_path: Path) -> None:
         export_source(tmp_path, "x", tmp_path / "out")
     run_dir = _finished_run(tmp_path, "spec-opt")
     with pytest.raises(ConfigError, match="'nope' is not in the run's sources"):
-        export_source(run_dir, "nope", tmp_path / "out")
+        export_source(run_dir, "nope", tmp_path / "model")
     with pytest.raises(ConfigError, match="only glob and trim"):
-        export_global(run_dir, tmp_path / "out")
+        export_global(run_dir, tmp_path / "model")
     assert isinstance(_generate(export_source(run_dir, "synth-latin", tmp_path / "l"), "a"), str)
+
+
+def test_export_replaces_an_earlier_one_only_with_force(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run_dir = _finished_run(tmp_path, "spec-opt")
+    out = tmp_path / "latin"
+    args = [str(run_dir), "--source", "synth-latin", "--out", str(out)]
+    assert main(args) == 0
+    (out / "stale.bin").write_text("from an earlier export")
+    capsys.readouterr()
+
+    with pytest.raises(SystemExit) as refused:
+        main(args)
+
+    assert refused.value.code == 2
+    error = f"dept export: refusing to overwrite {out} (pass --force to replace it)\n"
+    assert capsys.readouterr().err == error
+    assert (out / "stale.bin").is_file(), "nothing touched"
+    assert main([*args, "--force"]) == 0
+    assert not (out / "stale.bin").exists() and (out / "model.safetensors").is_file()
+    modes = {p.name: p.stat().st_mode & 0o777 for p in out.iterdir()}
+    assert set(modes.values()) == {new_file_mode(tmp_path)}, modes
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    (notes / "mine.txt").write_text("not a model")
+    for mistaken in (notes, run_dir):  # run_dir has a config.json, but it is no model
+        with pytest.raises(FileExistsError, match="even with --force: it is not an exported"):
+            export_source(run_dir, "synth-latin", mistaken, force=True)
+    assert (run_dir / "summary.json").is_file()
 
 
 @pytest.mark.parametrize("variant", ["spec-opt", "glob"])
