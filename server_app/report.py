@@ -344,7 +344,7 @@ def _failure_notes(summary: dict[str, Any]) -> list[str]:
         if s["last_failure"] and not s["tokens_trained"]
     ]
     notes += [
-        f"node {node} said no source it serves: {why}"
+        f"node {node} (its sources unknown): {why}"
         for node, why in summary["unserved_nodes"].items()
     ]
     return notes

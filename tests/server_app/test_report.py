@@ -80,7 +80,7 @@ def test_a_run_reports_every_source_and_node_even_those_that_never_counted(
     assert (
         f"synth-greek: none of its replies counted (2 failed or refused); last: {BROKEN}" in table
     )
-    assert "node 3 said no source it serves: source lost: ConfigError" in table
+    assert "node 3 (its sources unknown): source lost: ConfigError" in table
     with (out / "metrics.csv").open() as f:
         rows = list(csv.DictReader(f))
     assert list(rows[0]) == ["round", "source", *source_row({}, {})]
