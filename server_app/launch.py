@@ -36,6 +36,7 @@ from server_app.checkpoint import (
     saved_run_config,
 )
 from server_app.local_runtime import HTTP_PORT_VARIABLE, LocalRuntime, Stopped, stop_signals
+from server_app.run_log import relay
 from server_app.run_status import DEBUG_VARIABLE, STATUS_FILE, one_line, read_status
 
 PATH_KEYS = ("sources-file", "output-dir", "state-dir")
@@ -282,9 +283,7 @@ def _launch(args: argparse.Namespace) -> int:
     started = time.time()
     with stop_signals(), _log_to(out_dir / RUN_LOG if args.no_stream else None) as output:
         try:
-            code = subprocess.run(
-                command, env=env, check=False, start_new_session=True, stdout=output, stderr=output
-            ).returncode
+            code = _flwr_run(command, env, output)
         except Stopped as stop:
             return _stopped(stop, runtime, out_dir)
         finally:
@@ -299,13 +298,36 @@ def _launch(args: argparse.Namespace) -> int:
 
 
 @contextlib.contextmanager
-def _log_to(path: Path | None) -> Iterator[IO[str] | None]:
-    """The file the run's log goes to, or None for the terminal."""
+def _log_to(path: Path | None) -> Iterator[IO[str]]:
+    """The file the run's log goes to, or the terminal."""
     if path is None:
-        yield None
+        yield sys.stdout
         return
     with path.open("w") as log:
         yield log
+
+
+def _flwr_run(command: list[str], env: dict[str, str], output: IO[str]) -> int:
+    """Run ``command`` in a session of its own (Ctrl-C reaches dept run, which stops the
+    whole run), its output relayed to ``output``; its exit code."""
+    process = subprocess.Popen(
+        command,
+        env=env,
+        start_new_session=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        errors="replace",
+    )
+    assert process.stdout is not None
+    try:
+        relay(process.stdout, output)
+        return process.wait()
+    finally:  # on Stopped, the caller stops the rest of the run
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+        process.stdout.close()
 
 
 def resume_overrides(out_dir: Path, given: dict[str, Any]) -> dict[str, Any]:

@@ -27,6 +27,7 @@ from pathlib import Path
 
 import httpx
 import psutil
+from flwr.cli.constant import DEFAULT_FLOWER_CONFIG_TOML, FLOWER_CONFIG_FILE
 
 from dept.config import ConfigError
 
@@ -34,6 +35,7 @@ STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 TOKEN_VARIABLE = "DEPT_RUN_TOKEN"
 HTTP_PORT_VARIABLE = "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT"
 CONTROL_PORT_VARIABLE = "FLWR_LOCAL_CONTROL_API_PORT"
+RAY_TIP_FILTER = "ignore::FutureWarning:ray._private.worker"
 GRACE_S = 10.0  # SIGTERM, then this long, then SIGKILL
 STOP_DEADLINE_S = 25.0  # everything gone within this, or reported
 
@@ -51,7 +53,7 @@ class LocalRuntime:
     def for_run(cls, default_home: Path, environ: dict[str, str]) -> LocalRuntime:
         """Free ports and ``default_home``, unless the user's variables name their own; a
         :class:`ConfigError` when a SuperLink already answers on the chosen port."""
-        home = Path(environ["FLWR_HOME"]) if environ.get("FLWR_HOME") else default_home
+        home = Path(environ["FLWR_HOME"]) if environ.get("FLWR_HOME") else _fresh(default_home)
         runtime = cls(
             flwr_home=home,
             http_port=_port(environ, HTTP_PORT_VARIABLE),
@@ -76,6 +78,11 @@ class LocalRuntime:
             TOKEN_VARIABLE: self.token,
             "FLWR_DISABLE_UPDATE_CHECK": "1",
             "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
+            # Ray's tip that a future Ray will stop hiding GPUs from num-gpus=0 actors:
+            # the advice it gives would change what clients see, so only the tip goes
+            "PYTHONWARNINGS": ",".join(
+                w for w in (environ.get("PYTHONWARNINGS"), RAY_TIP_FILTER) if w
+            ),
         }
 
     def superlink_answers(self) -> bool:
@@ -164,6 +171,16 @@ def stop_processes(
 def _signal(process: psutil.Process, send: Callable[[psutil.Process], None]) -> None:
     with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
         send(process)
+
+
+def _fresh(home: Path) -> Path:
+    """``home`` with Flower's default config already in it, so that ``flwr run`` does not
+    announce, on every run, that it created one."""
+    config = home / FLOWER_CONFIG_FILE
+    if not config.exists():
+        home.mkdir(parents=True, exist_ok=True)
+        config.write_text(DEFAULT_FLOWER_CONFIG_TOML, encoding="utf-8")
+    return home
 
 
 def _port(environ: dict[str, str], variable: str) -> int:

@@ -37,6 +37,7 @@ from dept.files import save_tensors
 from dept.model import position_count
 from dept.variants import variant
 from dept_strategy.history import RunHistory, source_row
+from server_app.run_status import ERROR_LOG, STATUS_FILE
 from server_app.tracking import TENSORBOARD_DIR, Trackers
 
 log = logging.getLogger(__name__)
@@ -50,6 +51,8 @@ RUN_FILES = (
     "checkpoints",
     "val_bpb.png",
     TENSORBOARD_DIR,
+    STATUS_FILE,
+    ERROR_LOG,
 )
 
 

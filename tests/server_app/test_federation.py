@@ -18,6 +18,7 @@ from dept.workspace import init_embeddings
 from dept_strategy.discovery import NotEnoughNodes
 from server_app.federation import run_federation
 from server_app.local_grid import LocalGrid
+from server_app.run_status import ERROR_LOG, STATUS_FILE, read_status
 from tests.helpers import corpus, debug_run_config
 
 
@@ -194,5 +195,8 @@ def test_a_source_with_missing_data_fails_the_start_naming_it(tmp_path: Path) ->
     )
     with pytest.raises(NotEnoughNodes, match=r"'gone'.*/no/such/corpus"):
         run_federation(grid, run_config)
-    written = [p.name for p in (tmp_path / "out").iterdir()]
-    assert written == [LOCK_FILE], "nothing but the run lock is written before the run starts"
+    written = {p.name for p in (tmp_path / "out").iterdir()}
+    # nothing but the run lock and why the run ended is written before it starts
+    assert written == {LOCK_FILE, STATUS_FILE, ERROR_LOG}
+    status = read_status(tmp_path / "out", 0)
+    assert status is not None and status.state == "failed" and "'gone'" in status.error
