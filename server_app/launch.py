@@ -29,20 +29,14 @@ from dept.model import model_choice
 from dept.sharing import shared_vocab_size
 from dept.sources import SourceSpec, check_source_paths, run_sources
 from dept.train import resolve_device
-from server_app.checkpoint import (
-    CHECKPOINTS,
-    RESUMABLE_CHANGES,
-    check_same_run,
-    saved_run_config,
-)
 from server_app.local_runtime import HTTP_PORT_VARIABLE, LocalRuntime, Stopped, stop_signals
+from server_app.resume import RESUME_OPTIONS, check_resumable, resume_hint, resume_overrides
 from server_app.run_log import relay
 from server_app.run_status import DEBUG_VARIABLE, STATUS_FILE, one_line, read_status
 
 PATH_KEYS = ("sources-file", "output-dir", "state-dir")
 FLOWER_HOME = ".flwr"  # the run's own Flower home, in its output folder
 RUN_LOG = "run.log"  # with --no-stream
-RESUME_OPTIONS = RESUMABLE_CHANGES - {"resume", "output-dir"}  # --resume names both
 HELP_WIDTH = 79
 INDENT = " " * 6  # of a run config key's doc under its name
 DESCRIPTION = """\
@@ -330,49 +324,10 @@ def _flwr_run(command: list[str], env: dict[str, str], output: IO[str]) -> int:
         process.stdout.close()
 
 
-def resume_overrides(out_dir: Path, given: dict[str, Any]) -> dict[str, Any]:
-    """The checkpointed run's own config, resuming in ``out_dir``, with the ``given`` keys
-    that a resumed run may change; a :class:`ConfigError` for any other key, or when
-    ``out_dir`` holds no checkpoint."""
-    saved = saved_run_config(out_dir)
-    if saved is None:
-        raise ConfigError(f"--resume: {out_dir} holds no checkpoint of a run to resume")
-    refused = sorted(given.keys() - RESUME_OPTIONS)
-    if refused:
-        raise ConfigError(
-            f"--resume takes the run config from the checkpoint; {', '.join(refused)} cannot "
-            f"change (only {', '.join(sorted(RESUME_OPTIONS))} can)"
-        )
-    known = {k.key for k in config_keys()}
-    return {
-        **{k: v for k, v in saved[1].items() if k in known},
-        **given,
-        "resume": True,
-        "output-dir": str(out_dir),
-    }
-
-
-def check_resumable(cfg: DeptConfig, out_dir: Path) -> None:
-    """``resume`` needs a checkpoint of this same run in ``out_dir`` (checked before Flower
-    starts; the ServerApp checks the checkpoint's digests when it loads it)."""
-    saved = saved_run_config(out_dir)
-    if saved is None:
-        raise ConfigError(
-            f"config key 'resume' is true but {out_dir / CHECKPOINTS} holds no checkpoint "
-            "(set 'output-dir' to the interrupted run's folder)"
-        )
-    check_same_run(cfg, saved[1])
-
-
 def _stopped(stop: Stopped, runtime: LocalRuntime, out_dir: Path) -> int:
     """Stop every process of the run; one line says what can be resumed."""
     left = runtime.stop()
-    saved = saved_run_config(out_dir)
-    resume = (
-        f"resume after round {saved[0]} with: dept run --resume {_shown(out_dir)}"
-        if saved
-        else "no round was checkpointed, so a new run starts from scratch"
-    )
+    resume = resume_hint(out_dir) or "no round was checkpointed, so a new run starts from scratch"
     alive = f"; still alive: pids {', '.join(str(p.pid) for p in left)}" if left else ""
     print(f"\ndept run: stopped by {stop.name}{alive}; {resume}", file=sys.stderr, flush=True)
     return 128 + stop.signum
@@ -387,21 +342,10 @@ def exit_code(out_dir: Path, started: float, code: int) -> int:
         why = f"the run ended without writing {out_dir / STATUS_FILE} (see the log above)"
     else:
         why = status.error
-    saved = saved_run_config(out_dir)
-    if saved and not (status and status.config_error):
-        advice = f"; resume after round {saved[0]} with: dept run --resume {_shown(out_dir)}"
-    else:
-        advice = ""
+    hint = "" if status and status.config_error else resume_hint(out_dir)
+    advice = f"; {hint}" if hint else ""
     print(f"dept run: error: {why}{advice}", file=sys.stderr)
     return code or 1
-
-
-def _shown(path: Path) -> str:
-    """``path`` relative to the working directory where it is below it (shorter to type)."""
-    try:
-        return str(path.relative_to(Path.cwd()))
-    except ValueError:
-        return str(path)
 
 
 def _path_defaults(app: Path) -> dict[str, Any]:

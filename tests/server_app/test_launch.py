@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from dept.config import ConfigError, config_keys, load_config, to_run_config
-from server_app.launch import check_resumable, resume_overrides
 from server_app.launch import main as dept_run
+from server_app.resume import check_resumable, resume_overrides
 from tests.helpers import debug_run_config
 
 
