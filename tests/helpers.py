@@ -22,8 +22,9 @@ CORPORA = Path(
 )
 
 
-def debug_run_config(tmp_path: Path, **overrides: Any) -> dict[str, Any]:
-    """A complete, valid run config for the ``debug`` preset writing under ``tmp_path``."""
+def debug_run_config(tmp_path: Path, cache: Path | None = None, **overrides: Any) -> dict[str, Any]:
+    """A complete, valid run config for the ``debug`` preset writing under ``tmp_path``;
+    with ``cache`` (the ``node_cache`` fixture) its nodes share that cache (:func:`share_cache`)."""
     config = to_run_config(DeptConfig())
     config.update(
         {
@@ -43,7 +44,20 @@ def debug_run_config(tmp_path: Path, **overrides: Any) -> dict[str, Any]:
         }
     )
     config.update(overrides)
+    if cache is not None:
+        share_cache(Path(config["state-dir"]), cache)
     return config
+
+
+def share_cache(state_dir: Path, cache: Path) -> Path:
+    """``state_dir`` with its ``cache/`` (synthetic corpora, tokenizers, token streams) a link to
+    ``cache``. Its entries are keyed by their inputs, so a run finds there what it would have
+    built itself: tests that share it generate each corpus and train each tokenizer once."""
+    state_dir.mkdir(parents=True, exist_ok=True)
+    link = state_dir / "cache"
+    if not link.is_symlink():
+        link.symlink_to(cache, target_is_directory=True)
+    return state_dir
 
 
 def synthetic_sources(tmp_path: Path, *scripts: str) -> Path:

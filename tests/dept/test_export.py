@@ -21,10 +21,11 @@ from server_app.local_grid import LocalGrid
 from tests.helpers import debug_run_config, synthetic_sources
 
 
-def _finished_run(tmp_path: Path, variant: str, model: str = "debug") -> Path:
+def _finished_run(tmp_path: Path, cache: Path, variant: str, model: str = "debug") -> Path:
     sources = synthetic_sources(tmp_path, "latin", "greek")
     config = debug_run_config(
         tmp_path,
+        cache,
         variant=variant,
         model=model,
         **{"sources-file": str(sources), "num-server-rounds": 1, "global-vocab-size": 600},
@@ -42,8 +43,10 @@ def _generate(folder: Path, prompt: str) -> str:
     return tokenizer.decode(out[0, ids.shape[1] :])
 
 
-def test_spec_source_export_matches_the_trained_model_and_generates(tmp_path: Path) -> None:
-    run_dir = _finished_run(tmp_path, "spec")
+def test_spec_source_export_matches_the_trained_model_and_generates(
+    tmp_path: Path, node_cache: Path
+) -> None:
+    run_dir = _finished_run(tmp_path, node_cache, "spec")
     out = tmp_path / "greek"
 
     assert main([str(run_dir), "--source", "synth-greek", "--out", str(out)]) == 0
@@ -72,18 +75,18 @@ def test_spec_source_export_matches_the_trained_model_and_generates(tmp_path: Pa
     assert suppressed == set(range(len(client.tokenizer))) - set(kept.tolist())
 
 
-def test_glob_exports_each_source_and_the_global_model(tmp_path: Path) -> None:
-    run_dir = _finished_run(tmp_path, "glob")
+def test_glob_exports_each_source_and_the_global_model(tmp_path: Path, node_cache: Path) -> None:
+    run_dir = _finished_run(tmp_path, node_cache, "glob")
     export_source(run_dir, "synth-latin", tmp_path / "latin")
     export_global(run_dir, tmp_path / "global")
     for folder in ("latin", "global"):
         assert isinstance(_generate(tmp_path / folder, "a"), str)
 
 
-def test_export_errors_name_the_problem(tmp_path: Path) -> None:
+def test_export_errors_name_the_problem(tmp_path: Path, node_cache: Path) -> None:
     with pytest.raises(ConfigError, match=r"config\.json is missing"):
         export_source(tmp_path, "x", tmp_path / "out")
-    run_dir = _finished_run(tmp_path, "spec-opt")
+    run_dir = _finished_run(tmp_path, node_cache, "spec-opt")
     with pytest.raises(ConfigError, match="'nope' is not in the run's sources"):
         export_source(run_dir, "nope", tmp_path / "model")
     with pytest.raises(ConfigError, match="only glob and trim"):
@@ -122,8 +125,10 @@ def test_export_replaces_an_earlier_one_only_with_force(
 
 
 @pytest.mark.parametrize("variant", ["spec-opt", "glob"])
-def test_a_gpt2_source_exports_with_its_positions(tmp_path: Path, variant: str) -> None:
-    run_dir = _finished_run(tmp_path, variant, model="gpt2:debug")
+def test_a_gpt2_source_exports_with_its_positions(
+    tmp_path: Path, node_cache: Path, variant: str
+) -> None:
+    run_dir = _finished_run(tmp_path, node_cache, variant, model="gpt2:debug")
     out = export_source(run_dir, "synth-latin", tmp_path / "latin")
 
     run = load_run(run_dir)

@@ -10,7 +10,13 @@ from dept.model import body_state, build_model, embedding_parameters
 from dept.source_client import SourceClient
 from dept.sources import load_sources
 from dept.workspace import Workspace
-from tests.helpers import debug_run_config
+from tests.helpers import debug_run_config, share_cache
+
+
+@pytest.fixture(autouse=True)
+def _shared_cache(tmp_path: Path, node_cache: Path) -> None:
+    """Every client here keeps its state under ``tmp_path/state``; its cache is the session's."""
+    share_cache(tmp_path / "state", node_cache)
 
 
 def _client(

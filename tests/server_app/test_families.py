@@ -35,10 +35,11 @@ class SentKeys(LocalGrid):
         return super().push_messages(messages)
 
 
-def _run(tmp_path: Path, variant: str) -> tuple[Path, dict, SentKeys]:
+def _run(tmp_path: Path, cache: Path, variant: str) -> tuple[Path, dict, SentKeys]:
     sources = synthetic_sources(tmp_path, "latin", "greek")
     config = debug_run_config(
         tmp_path,
+        cache,
         model="gpt2:debug",
         variant=variant,
         **{"sources-file": str(sources), "global-vocab-size": 600},
@@ -55,8 +56,8 @@ def _learned(summary: dict) -> None:
         assert source["val_bpb"] < source["initial_val_bpb"], name
 
 
-def test_gpt2_spec_opt_keeps_each_sources_positions_home(tmp_path: Path) -> None:
-    out, summary, grid = _run(tmp_path, "spec-opt")
+def test_gpt2_spec_opt_keeps_each_sources_positions_home(tmp_path: Path, node_cache: Path) -> None:
+    out, summary, grid = _run(tmp_path, node_cache, "spec-opt")
 
     _learned(summary)
     body = set(body_state(build_model("gpt2:debug", 300, 64)))
@@ -71,8 +72,8 @@ def test_gpt2_spec_opt_keeps_each_sources_positions_home(tmp_path: Path) -> None
     assert all(s["embedding_params"] > psi for s in summary["sources"].values())
 
 
-def test_gpt2_glob_shares_and_aggregates_positions(tmp_path: Path) -> None:
-    out, summary, grid = _run(tmp_path, "glob")
+def test_gpt2_glob_shares_and_aggregates_positions(tmp_path: Path, node_cache: Path) -> None:
+    out, summary, grid = _run(tmp_path, node_cache, "glob")
 
     _learned(summary)
     body = set(body_state(build_model("gpt2:debug", 300, 64)))
@@ -84,5 +85,5 @@ def test_gpt2_glob_shares_and_aggregates_positions(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("variant", ["trim", "spec"])
-def test_gpt2_trim_and_spec_learn_too(tmp_path: Path, variant: str) -> None:
-    _learned(_run(tmp_path, variant)[1])
+def test_gpt2_trim_and_spec_learn_too(tmp_path: Path, node_cache: Path, variant: str) -> None:
+    _learned(_run(tmp_path, node_cache, variant)[1])

@@ -50,8 +50,9 @@ def _sources_file(tmp_path: Path) -> Path:
     return path
 
 
-def test_federation_lowers_bpb_and_keeps_embeddings_home(tmp_path: Path) -> None:
-    run_config = debug_run_config(tmp_path, **{"sources-file": str(_sources_file(tmp_path))})
+def test_federation_lowers_bpb_and_keeps_embeddings_home(tmp_path: Path, node_cache: Path) -> None:
+    sources = _sources_file(tmp_path)
+    run_config = debug_run_config(tmp_path, node_cache, **{"sources-file": str(sources)})
     grid = RecordingGrid(
         client_app, [{"partition-id": i, "num-partitions": 3} for i in range(3)], run_config
     )
@@ -104,8 +105,10 @@ def _nan_for_node(node: int):
     return app
 
 
-def test_bad_clients_are_dropped_and_the_run_goes_on(tmp_path: Path) -> None:
-    run_config = debug_run_config(tmp_path, **{"num-server-rounds": 1, "min-available-nodes": 3})
+def test_bad_clients_are_dropped_and_the_run_goes_on(tmp_path: Path, node_cache: Path) -> None:
+    run_config = debug_run_config(
+        tmp_path, node_cache, **{"num-server-rounds": 1, "min-available-nodes": 3}
+    )
     nodes = [
         {"partition-id": 1, "num-partitions": 4},
         {"partition-id": 2, "num-partitions": 4},
@@ -133,9 +136,12 @@ def _synthetic_sources(tmp_path: Path) -> Path:
     return path
 
 
-def _shared_run(tmp_path: Path, variant: str, **overrides: object) -> tuple[dict, RecordingGrid]:
+def _shared_run(
+    tmp_path: Path, cache: Path, variant: str, **overrides: object
+) -> tuple[dict, RecordingGrid]:
     run_config = debug_run_config(
         tmp_path / variant,
+        cache,
         variant=variant,
         **{
             "sources-file": str(_synthetic_sources(tmp_path)),
@@ -148,9 +154,11 @@ def _shared_run(tmp_path: Path, variant: str, **overrides: object) -> tuple[dict
     return run_federation(grid, run_config).summary, grid
 
 
-def test_glob_and_trim_share_embeddings_and_trim_sends_fewer_rows(tmp_path: Path) -> None:
-    glob, glob_grid = _shared_run(tmp_path, "glob")
-    trim, trim_grid = _shared_run(tmp_path, "trim")
+def test_glob_and_trim_share_embeddings_and_trim_sends_fewer_rows(
+    tmp_path: Path, node_cache: Path
+) -> None:
+    glob, glob_grid = _shared_run(tmp_path, node_cache, "glob")
+    trim, trim_grid = _shared_run(tmp_path, node_cache, "trim")
 
     for summary in (glob, trim):
         assert summary["rejected_updates"] == summary["failed_replies"] == 0
@@ -167,10 +175,12 @@ def test_glob_and_trim_share_embeddings_and_trim_sends_fewer_rows(tmp_path: Path
     assert trimmed.shape[0] == 600, "the server keeps the whole global φ"
 
 
-def test_int8_updates_learn_with_a_quarter_of_the_bytes_up(tmp_path: Path) -> None:
+def test_int8_updates_learn_with_a_quarter_of_the_bytes_up(
+    tmp_path: Path, node_cache: Path
+) -> None:
     # TRIM: θ and the V_k rows of φ are compressed, the row ids travel as int32
     variant = "trim"
-    summary, _ = _shared_run(tmp_path, variant, compression="int8")
+    summary, _ = _shared_run(tmp_path, node_cache, variant, compression="int8")
 
     assert summary["rejected_updates"] == summary["failed_replies"] == 0
     for name, source in summary["sources"].items():
@@ -187,7 +197,10 @@ def test_int8_updates_learn_with_a_quarter_of_the_bytes_up(tmp_path: Path) -> No
 def test_a_source_with_missing_data_fails_the_start_naming_it(tmp_path: Path) -> None:
     sources = tmp_path / "sources.yaml"
     sources.write_text("- {name: gone, path: /no/such/corpus}\n")
-    run_config = debug_run_config(tmp_path, **{"sources-file": str(sources)})
+    # 1 s: how long every node must have failed before the start gives up (5 s by default)
+    run_config = debug_run_config(
+        tmp_path, **{"sources-file": str(sources), "wait-for-nodes-s": 1.0}
+    )
     grid = LocalGrid(
         client_app,
         [{"partition-id": 0, "num-partitions": 2}, {"partition-id": 1, "num-partitions": 2}],

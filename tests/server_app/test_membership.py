@@ -18,19 +18,19 @@ from client_app.app import app as client_app
 from dept import keys
 from server_app.federation import run_federation
 from server_app.local_grid import LocalGrid
-from tests.helpers import debug_run_config
+from tests.helpers import debug_run_config, share_cache
 
 SCRIPTS = ("latin", "cyrillic", "greek", "georgian")
 
 
-def script_nodes(tmp_path: Path, scripts: tuple[str, ...]) -> list[dict[str, object]]:
-    """Deployment-style node configs, one built-in synthetic language each."""
+def script_nodes(tmp_path: Path, scripts: tuple[str, ...], cache: Path) -> list[dict[str, object]]:
+    """Deployment-style node configs, one built-in synthetic language each, sharing ``cache``."""
     return [
         {
             "source": script,
             "path": f"builtin:synthetic-{script}",
             "vocab-size": 300,
-            "state-dir": str(tmp_path / "state" / script),
+            "state-dir": str(share_cache(tmp_path / "state" / script, cache)),
         }
         for script in scripts
     ]
@@ -60,12 +60,12 @@ class ChangingGrid(LocalGrid):
 
 
 def test_a_source_joins_and_a_node_returns_with_its_embeddings(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, node_cache: Path
 ) -> None:
     run_config = debug_run_config(
         tmp_path, **{"num-server-rounds": 3, "local-steps": 4, "eval-bytes": 2048}
     )
-    nodes = script_nodes(tmp_path, SCRIPTS)
+    nodes = script_nodes(tmp_path, SCRIPTS, node_cache)
     grid = ChangingGrid(client_app, nodes, run_config)
 
     clients = logging.getLogger("dept.source_client")  # not propagated: Flower's handlers
@@ -118,11 +118,13 @@ class ForgetfulGrid(LocalGrid):
         return super().push_messages(messages)
 
 
-def test_a_source_whose_state_is_lost_says_so_in_the_summary(tmp_path: Path) -> None:
+def test_a_source_whose_state_is_lost_says_so_in_the_summary(
+    tmp_path: Path, node_cache: Path
+) -> None:
     run_config = debug_run_config(
         tmp_path, **{"num-server-rounds": 2, "local-steps": 4, "eval-bytes": 2048}
     )
-    nodes = script_nodes(tmp_path, SCRIPTS[:2])
+    nodes = script_nodes(tmp_path, SCRIPTS[:2], node_cache)
     grid = ForgetfulGrid(client_app, nodes, run_config, state=tmp_path / "state")
 
     out = run_federation(grid, run_config).out_dir

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -43,10 +44,11 @@ class CrashingGrid(LocalGrid):
         return ids
 
 
-def _config(tmp_path: Path, name: str, **overrides) -> dict:
+def _config(tmp_path: Path, name: str, cache: Path, **overrides) -> dict:
     sources = synthetic_sources(tmp_path, "latin", "greek", "cyrillic")
     config = debug_run_config(
         tmp_path,
+        cache,
         **{
             "sources-file": str(sources),
             "num-server-rounds": 3,
@@ -60,6 +62,30 @@ def _config(tmp_path: Path, name: str, **overrides) -> dict:
 
 
 NODES = [{"partition-id": i, "num-partitions": 3} for i in range(3)]
+RUN_PARTS = ("run", "state/runs")  # what a run writes: its output, and each source's state
+
+
+@pytest.fixture(scope="module")
+def _finished_once(tmp_path_factory: pytest.TempPathFactory, node_cache: Path) -> tuple[Path, dict]:
+    """A finished 2-round run, trained once for the module, and a snapshot of it."""
+    base = tmp_path_factory.mktemp("finished")
+    config = _config(base, "run", node_cache, **{"num-server-rounds": 2})
+    run_federation(LocalGrid(client_app, NODES, config), config)
+    for part in RUN_PARTS:
+        shutil.copytree(base / part, base / "snapshot" / part, symlinks=True)
+    return base, config
+
+
+@pytest.fixture
+def finished_run(_finished_once: tuple[Path, dict]) -> tuple[Path, dict]:
+    """The folder and config of a finished 2-round run, its output and node states as the run
+    left them: each test damages or resumes its own fresh copy, in place (a resumed run must
+    have the same output-dir and state-dir)."""
+    base, config = _finished_once
+    for part in RUN_PARTS:
+        shutil.rmtree(base / part)
+        shutil.copytree(base / "snapshot" / part, base / part, symlinks=True)
+    return base, config
 
 
 def _final(out: Path) -> tuple[dict, dict[str, torch.Tensor]]:
@@ -85,6 +111,7 @@ def test_a_killed_run_resumes_to_the_uninterrupted_result(
     corrupt_latest: bool,
     model: str,
     project_log: pytest.LogCaptureFixture,
+    node_cache: Path,
 ) -> None:
     settings = {
         "model": model,
@@ -94,12 +121,12 @@ def test_a_killed_run_resumes_to_the_uninterrupted_result(
         "global-vocab-size": 600,
     }
     # Prepare: the reference, uninterrupted
-    reference = _config(tmp_path, "reference", **settings)
+    reference = _config(tmp_path, "reference", node_cache, **settings)
     expected_bpb, expected_body = _final(
         run_federation(LocalGrid(client_app, NODES, reference), reference).out_dir
     )
     # Execute: killed after the clients trained round 3, before its checkpoint
-    interrupted = _config(tmp_path, "interrupted", **settings)
+    interrupted = _config(tmp_path, "interrupted", node_cache, **settings)
     with pytest.raises(ServerCrash):
         run_federation(CrashingGrid(client_app, NODES, interrupted, crash_round=3), interrupted)
     out = tmp_path / "interrupted"
@@ -122,11 +149,13 @@ def test_a_killed_run_resumes_to_the_uninterrupted_result(
         assert "round-0002 is unusable" in project_log.text
 
 
-def test_resume_refuses_a_changed_run_or_a_missing_checkpoint(tmp_path: Path) -> None:
-    config = _config(tmp_path, "run", **{"num-server-rounds": 1})
+def test_resume_refuses_a_changed_run_or_a_missing_checkpoint(
+    tmp_path: Path, node_cache: Path, finished_run: tuple[Path, dict]
+) -> None:
+    fresh = _config(tmp_path, "run", node_cache)
     with pytest.raises(ConfigError, match="holds no checkpoint"):
-        run_federation(LocalGrid(client_app, NODES, config), {**config, "resume": True})
-    run_federation(LocalGrid(client_app, NODES, config), config)
+        run_federation(LocalGrid(client_app, NODES, fresh), {**fresh, "resume": True})
+    _, config = finished_run
     changed = {**config, "resume": True, "lr": 0.01}
     with pytest.raises(ConfigError, match="lr differ"):
         run_federation(LocalGrid(client_app, NODES, changed), changed)
@@ -134,16 +163,17 @@ def test_resume_refuses_a_changed_run_or_a_missing_checkpoint(tmp_path: Path) ->
     with pytest.raises(ConfigError, match="model differ"):
         run_federation(LocalGrid(client_app, NODES, other_model), other_model)
     renamed = {**config, "resume": True, "model": "llama:debug"}  # "debug" by its full name
-    assert run_federation(LocalGrid(client_app, NODES, renamed), renamed).summary["rounds"] == 1
+    assert run_federation(LocalGrid(client_app, NODES, renamed), renamed).summary["rounds"] == 2
 
 
-def test_every_checkpoint_unusable_is_a_clear_error(tmp_path: Path) -> None:
-    config = _config(tmp_path, "run", **{"num-server-rounds": 1})
-    run_federation(LocalGrid(client_app, NODES, config), config)
-    for state in (tmp_path / "run" / "checkpoints").glob("round-*/state.json"):
+def test_every_checkpoint_unusable_is_a_clear_error(finished_run: tuple[Path, dict]) -> None:
+    base, _ = finished_run
+    states = list((base / "run" / "checkpoints").glob("round-*/state.json"))
+    assert len(states) == 3  # rounds 0, 1 and 2
+    for state in states:
         state.write_text("{not json")
     with pytest.raises(CheckpointError, match="no usable checkpoint"):
-        load_latest(tmp_path / "run")
+        load_latest(base / "run")
 
 
 def _rewrite_state(folder: Path, edit) -> None:
@@ -173,12 +203,14 @@ def _resign(folder: Path) -> None:
     ],
 )
 def test_a_damaged_latest_checkpoint_falls_back_to_the_one_before(
-    tmp_path: Path, damage: str, logged: str, project_log: pytest.LogCaptureFixture
+    finished_run: tuple[Path, dict],
+    damage: str,
+    logged: str,
+    project_log: pytest.LogCaptureFixture,
 ) -> None:
     # Prepare: a finished 2-round run, then its newest checkpoint damaged
-    config = _config(tmp_path, "run", **{"num-server-rounds": 2})
-    run_federation(LocalGrid(client_app, NODES, config), config)
-    newest = tmp_path / "run" / "checkpoints" / "round-0002"
+    base, config = finished_run
+    newest = base / "run" / "checkpoints" / "round-0002"
     if damage == "edited round":
         _rewrite_state(newest, lambda s: s.update(round=1))
     elif damage == "no strategy field":
@@ -197,5 +229,5 @@ def test_a_damaged_latest_checkpoint_falls_back_to_the_one_before(
     text = project_log.text
     assert f"{newest} is unusable" in text and logged in text, text
     assert "resuming run" in text and "after round 1" in text
-    lines = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+    lines = (base / "run" / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(line)["round"] for line in lines] == [0, 1, 2]
