@@ -18,7 +18,7 @@ from tests.helpers import debug_run_config, held_elsewhere
 def _one_torch_thread() -> None:
     """Every test starts with one torch thread, whatever ran before it (``dept compare`` sets
     the cores' count): the models here are tiny, and with more threads than free cores each
-    step waits on spinning threads (18x slower measured on the 2 cores at a load of 3)."""
+    step waits on spinning threads (forward passes up to 20x slower measured on 2 busy cores)."""
     torch.set_num_threads(1)
 
 

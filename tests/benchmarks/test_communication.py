@@ -6,7 +6,7 @@ from pathlib import Path
 from benchmarks.communication import coded_bytes, main, theory
 from dept.config import load_config
 from dept.sharing import initial_tensors
-from tests.helpers import corpus
+from tests.helpers import corpus, share_cache
 
 
 def test_theory_is_the_shared_tensors() -> None:
@@ -20,9 +20,10 @@ def test_theory_is_the_shared_tensors() -> None:
     assert coded_bytes(1000, "fp16") == 2000
 
 
-def test_communication_quick(tmp_path: Path) -> None:
+def test_communication_quick(tmp_path: Path, node_cache: Path) -> None:
     corpus("en-shakespeare")
     out = tmp_path / "out"
+    share_cache(tmp_path / "work" / "state", node_cache)  # the benchmark's --work/state
 
     args = ["--quick", "--variants", "trim,spec-opt", "--compressions", "none"]
     assert main([*args, "--out", str(out), "--work", str(tmp_path / "work")]) == 0

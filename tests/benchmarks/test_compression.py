@@ -6,10 +6,12 @@ import json
 from pathlib import Path
 
 from benchmarks import compression
+from tests.helpers import share_cache
 
 
-def test_quick_run_compares_every_setting_against_none(tmp_path: Path) -> None:
+def test_quick_run_compares_every_setting_against_none(tmp_path: Path, node_cache: Path) -> None:
     out = tmp_path / "out"
+    share_cache(tmp_path / "work" / "state", node_cache)  # the benchmark's --work/state
 
     compression.main(["--quick", "--out", str(out), "--work", str(tmp_path / "work")])
 

@@ -4,10 +4,12 @@ import json
 from pathlib import Path
 
 from benchmarks.poisoning import main
+from tests.helpers import share_cache
 
 
-def test_a_scaled_update_is_caught_and_named(tmp_path: Path) -> None:
+def test_a_scaled_update_is_caught_and_named(tmp_path: Path, node_cache: Path) -> None:
     out = tmp_path / "out"
+    share_cache(tmp_path / "state", node_cache)  # the benchmark's state-dir: --work/state
     attacks = "honest,x1e6,x1e6/reject"
     argv = ["--quick", "--attacks", attacks, "--out", str(out), "--work", str(tmp_path)]
 

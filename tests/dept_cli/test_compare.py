@@ -12,12 +12,13 @@ import pytest
 from dept.sources import load_sources
 from dept_cli import compare
 from dept_cli.methods import METHODS
+from tests.helpers import share_cache
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_compare_runs_every_method_and_reports_a_crash(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, node_cache: Path
 ) -> None:
     sources = tmp_path / "sources.yaml"
     sources.write_text(
@@ -32,7 +33,11 @@ def test_compare_runs_every_method_and_reports_a_crash(
         return real_baseline(plan)
 
     monkeypatch.setattr(compare, "_run_baseline", act_crashes)
+    # One torch thread, like every other test (tests/conftest.py): with --jobs 1 compare
+    # takes all cores, and two threads on the two shared cores ran this 5-10x slower.
+    monkeypatch.setattr(compare.os, "cpu_count", lambda: 1)
     out = tmp_path / "out"
+    share_cache(out / "state", node_cache)  # where compare keeps its nodes' state
     # fmt: off
     args = ["--sources-file", str(sources), "--model", "debug", "--tokens", "4096",
             "--local-steps", "4", "--batch-size", "4", "--seq-len", "64", "--warmup-steps", "2",

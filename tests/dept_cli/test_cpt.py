@@ -16,7 +16,7 @@ from dept.sources import load_sources
 from dept.vocab import load_tokenizer
 from dept.workspace import own_tokenizer
 from dept_cli import cpt
-from tests.helpers import debug_run_config, synthetic_sources
+from tests.helpers import debug_run_config, share_cache, synthetic_sources
 
 
 def test_cpt_starts_from_the_given_body_with_fresh_embeddings(tmp_path: Path) -> None:
@@ -57,10 +57,11 @@ def test_cpt_starts_from_the_given_body_with_fresh_embeddings(tmp_path: Path) ->
     [("debug", "spec-opt"), ("gpt2:debug", "glob")],  # GLOB's body carries the shared ψ
 )
 def test_cpt_benchmark_writes_curves_for_three_bodies(
-    tmp_path: Path, model: str, variant: str
+    tmp_path: Path, node_cache: Path, model: str, variant: str
 ) -> None:
     sources = synthetic_sources(tmp_path, "latin", "cyrillic", "greek")
     out = tmp_path / "out"
+    share_cache(out / "state", node_cache)  # where cpt keeps its nodes' state
     # fmt: off
     assert cpt.main(["--sources-file", str(sources), "--held-out", "synth-greek",
                      "--model", model, "--variant", variant,
