@@ -95,9 +95,9 @@ def test_export_errors_name_the_problem(tmp_path: Path, node_cache: Path) -> Non
 
 
 def test_export_replaces_an_earlier_one_only_with_force(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, node_cache: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    run_dir = _finished_run(tmp_path, "spec-opt")
+    run_dir = _finished_run(tmp_path, node_cache, "spec-opt")
     out = tmp_path / "latin"
     args = [str(run_dir), "--source", "synth-latin", "--out", str(out)]
     assert main(args) == 0

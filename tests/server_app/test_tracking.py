@@ -28,10 +28,11 @@ class CheckpointCrash(RuntimeError):
     pass
 
 
-def _config(tmp_path: Path, **overrides: Any) -> dict[str, Any]:
+def _config(tmp_path: Path, cache: Path, **overrides: Any) -> dict[str, Any]:
     sources = synthetic_sources(tmp_path, "latin", "greek")
     return debug_run_config(
         tmp_path,
+        cache,
         **{"sources-file": str(sources), "local-steps": 2, "eval-bytes": 2048, **overrides},
     )
 
@@ -123,10 +124,10 @@ def wandb_offline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[P
 
 
 def test_tensorboard_and_wandb_hold_every_round_of_metrics_jsonl(
-    tmp_path: Path, wandb_offline: Path
+    tmp_path: Path, wandb_offline: Path, node_cache: Path
 ) -> None:
     # Prepare
-    run_config = _config(tmp_path, tensorboard=True, **{"wandb-project": "dept-test"})
+    run_config = _config(tmp_path, node_cache, tensorboard=True, **{"wandb-project": "dept-test"})
     # Execute
     out = federate_in_process(run_config)
     # Assert
@@ -143,11 +144,14 @@ def test_tensorboard_and_wandb_hold_every_round_of_metrics_jsonl(
 
 
 def test_a_resumed_run_goes_on_in_the_same_folder_and_w_and_b_run(
-    tmp_path: Path, wandb_offline: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, wandb_offline: Path, monkeypatch: pytest.MonkeyPatch, node_cache: Path
 ) -> None:
     # Prepare: a one-round run that dies after logging round 1, before its checkpoint
     run_config = _config(
-        tmp_path, tensorboard=True, **{"wandb-project": "dept-test", "num-server-rounds": 1}
+        tmp_path,
+        node_cache,
+        tensorboard=True,
+        **{"wandb-project": "dept-test", "num-server-rounds": 1},
     )
     save = server_app.federation.save_checkpoint
 
