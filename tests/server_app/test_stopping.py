@@ -1,11 +1,12 @@
-"""``dept run`` on the real runtime: two runs at once, each on its own SuperLink; Ctrl-C
-and SIGTERM mid-round stop every process of a run and leave it resumable; ``--resume``
-finishes it with the uninterrupted run's rounds."""
+"""``dept run`` on the real runtime: two runs at once, each on its own SuperLink, both
+finish; Ctrl-C and SIGTERM mid-round stop every process of a run and leave it resumable;
+``--resume`` finishes it, each round once."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -77,30 +78,43 @@ def _stop(process: subprocess.Popen, out: Path, signum: int, after_round: int) -
     return err
 
 
-def _finished(process: subprocess.Popen, out: Path) -> dict:
+def _finished(process: subprocess.Popen, out: Path) -> tuple[dict, str]:
+    """The summary of a run that ended well, and what it printed."""
     stdout, err = process.communicate(timeout=600)
     assert process.returncode == 0, (stdout + err)[-3000:]
-    assert list(_their_flower_home(out)) == []
-    return json.loads((out / "summary.json").read_text())
+    assert list(_their_flower_home(out)) == [], "a process of the finished run is alive"
+    return json.loads((out / "summary.json").read_text()), stdout
 
 
 @pytest.mark.slow
-def test_two_runs_at_once_then_ctrl_c_sigterm_and_resume(tmp_path: Path, runs: list) -> None:
+def test_two_runs_at_once_each_on_its_own_superlink(tmp_path: Path, runs: list) -> None:
     one, two = tmp_path / "one", tmp_path / "two"
     runs += [one, two]
     first, second = _start(one), _start(two)
 
-    _when_checkpointed(one, 1, first)
-    _stop(first, one, signal.SIGINT, after_round=1)  # the other run goes on
+    outputs = [_finished(first, one), _finished(second, two)]
 
-    assert _finished(second, two)["rounds"] == ROUNDS
+    assert [summary["rounds"] for summary, _ in outputs] == [ROUNDS, ROUNDS]
+    ports = {re.search(r"SuperLink on (127\.0\.0\.1:\d+)", out).group(1) for _, out in outputs}
+    assert len(ports) == 2, "each run has a SuperLink of its own"
+
+
+@pytest.mark.slow
+def test_ctrl_c_and_sigterm_mid_round_stop_the_run_and_resume_finishes_it(
+    tmp_path: Path, runs: list
+) -> None:
+    one = tmp_path / "one"
+    runs.append(one)
+    first = _start(one)
+    _when_checkpointed(one, 1, first)
+    _stop(first, one, signal.SIGINT, after_round=1)
+
     resumed = _start(one, "--resume", str(one))
     _when_checkpointed(one, 2, resumed)
     _stop(resumed, one, signal.SIGTERM, after_round=2)
-    summary = _finished(_start(one, "--resume", str(one)), one)
+    summary, _ = _finished(_start(one, "--resume", str(one)), one)
 
     assert summary["rounds"] == ROUNDS
-    rounds = [
-        json.loads(line)["round"] for line in (one / "metrics.jsonl").read_text().splitlines()
-    ]
+    lines = (one / "metrics.jsonl").read_text().splitlines()
+    rounds = [json.loads(line)["round"] for line in lines]
     assert rounds == list(range(ROUNDS + 1))  # each round once, in order
