@@ -125,6 +125,14 @@ def saved_run_config(out_dir: Path) -> tuple[int, dict[str, Any]] | None:
     return None
 
 
+def no_checkpoint(out_dir: Path) -> ConfigError:
+    """The error of a run told to resume in ``out_dir``, where no checkpoint is."""
+    return ConfigError(
+        f"config key 'resume' is true but {out_dir / CHECKPOINTS} holds no checkpoint "
+        "(set 'output-dir' to the interrupted run's folder)"
+    )
+
+
 def check_same_run(cfg: DeptConfig, saved: Mapping[str, Any]) -> None:
     """A :class:`ConfigError` naming every key, other than :data:`RESUMABLE_CHANGES`,
     whose value differs from the checkpointed run's (a changed run is not resumed)."""

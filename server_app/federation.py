@@ -24,7 +24,7 @@ from flwr.app import ArrayRecord, ConfigRecord
 from flwr.serverapp import Grid
 
 from dept.budget import Device, check_server_fits
-from dept.config import ConfigError, DeptConfig, load_config, resolve_path, to_run_config
+from dept.config import DeptConfig, load_config, resolve_path, to_run_config
 from dept.lock import exclusive_folder
 from dept.sharing import initial_tensors, shared_vocab_size
 from dept.sources import run_sources
@@ -36,10 +36,10 @@ from dept_strategy.screening import Defences
 from dept_strategy.strategy import DeptStrategy
 from server_app.arrivals import replies_as_they_arrive
 from server_app.checkpoint import (
-    CHECKPOINTS,
     Checkpoint,
     check_same_run,
     load_latest,
+    no_checkpoint,
     save_checkpoint,
 )
 from server_app.report import RunReport
@@ -151,10 +151,7 @@ def _resume(cfg: DeptConfig, out_dir: Path) -> tuple[DeptStrategy, Checkpoint]:
 
     checkpoint = load_latest(out_dir, restore)
     if checkpoint is None:
-        raise ConfigError(
-            f"config key 'resume' is true but {out_dir / CHECKPOINTS} holds no checkpoint "
-            "(set 'output-dir' to the interrupted run's folder)"
-        )
+        raise no_checkpoint(out_dir)
     strategy = restored[-1]
     log.info(
         "resuming run %s after round %d (%s)",

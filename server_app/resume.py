@@ -13,9 +13,9 @@ from typing import Any
 
 from dept.config import ConfigError, DeptConfig, config_keys
 from server_app.checkpoint import (
-    CHECKPOINTS,
     RESUMABLE_CHANGES,
     check_same_run,
+    no_checkpoint,
     saved_run_config,
 )
 
@@ -49,10 +49,7 @@ def check_resumable(cfg: DeptConfig, out_dir: Path) -> None:
     starts; the ServerApp checks the checkpoint's digests when it loads it)."""
     saved = saved_run_config(out_dir)
     if saved is None:
-        raise ConfigError(
-            f"config key 'resume' is true but {out_dir / CHECKPOINTS} holds no checkpoint "
-            "(set 'output-dir' to the interrupted run's folder)"
-        )
+        raise no_checkpoint(out_dir)
     check_same_run(cfg, saved[1])
 
 
