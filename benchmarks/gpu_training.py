@@ -28,8 +28,9 @@ import torch
 
 from benchmarks.measure import print_table, result_header, write_outputs
 from dept.config import load_config
+from dept.devices import resolve_device
 from dept.model import build_config, build_model
-from dept.train import autocast, make_inner_optimizer, next_token_loss, resolve_device
+from dept.train import autocast, make_inner_optimizer, next_token_loss
 
 PEAK_BF16_TFLOPS = {"H100": 989.0, "H200": 989.0, "GH200": 989.0, "A100": 312.0}
 

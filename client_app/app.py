@@ -10,6 +10,7 @@ names the source and the problem, so it reaches the server log and the round goe
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import logging
@@ -34,6 +35,7 @@ from flwr.common.constant import ErrorCode
 from client_app.node import node_setup, served_sources
 from dept import keys
 from dept.config import load_config
+from dept.devices import describe, unused_gpus_warning
 from dept.logs import drop_misleading_notices, route_to
 from dept.source_client import SourceClient
 from dept.workspace import Attempt, Workspace
@@ -68,8 +70,22 @@ def _set_up(run_id: str, source: str, run_config: str, node_config: str) -> Sour
     the node's state directory on every call, so a cached client is never stale."""
     cfg = load_config(json.loads(run_config))
     setup = node_setup(cfg, json.loads(node_config), source)
+    if setup.device:
+        cfg = dataclasses.replace(cfg, device=setup.device)
     workspace = Workspace(setup.state_root, run_id, setup.spec.name)
     return SourceClient(cfg, setup.spec, workspace, setup.all_sources, setup.global_tokenizer)
+
+
+def _announce(context: Context, client: SourceClient) -> bool:
+    """Whether this is the node's first call as ``client``'s source (:data:`ANNOUNCED`);
+    then it says where the source trains, warning where this machine's GPUs go unused."""
+    first = _first_call(context, client.spec.name)
+    if first:
+        log.info("%s: trains on %s", client.spec.name, describe(client.device))
+        unused = unused_gpus_warning(client.device)
+        if unused:
+            log.warning("%s: %s", client.spec.name, unused)
+    return first
 
 
 def _reply_or_error(msg: Message, context: Context, handler: Callable[[], RecordDict]) -> Message:
@@ -148,13 +164,14 @@ def train(msg: Message, context: Context) -> Message:
         client = _client(msg, context)
         config = msg.content.config_records[keys.CONFIG]
         received = msg.content.array_records[keys.ARRAYS].count_bytes()
+        first = _announce(context, client)
         result = client.train_round(
             _shared(msg),
             int(config[keys.GLOBAL_STEP]),  # type: ignore[arg-type]
             int(config[keys.SERVER_ROUND]),  # type: ignore[arg-type]
             _attempt(config),
             _last_trained(config),
-            announce=_first_call(context, client.spec.name),
+            announce=first,
         )
         arrays = ArrayRecord(result.payload)  # compressed as configured; ids stay int32
         if client.shared_ids is not None:
@@ -183,12 +200,13 @@ def evaluate(msg: Message, context: Context) -> Message:
     def run() -> RecordDict:
         client = _client(msg, context)
         config = msg.content.config_records[keys.CONFIG]
+        first = _announce(context, client)
         result, state_event = client.evaluate(
             _shared(msg),
             int(config[keys.SERVER_ROUND]),  # type: ignore[arg-type]
             _attempt(config),
             _last_trained(config),
-            announce=_first_call(context, client.spec.name),
+            announce=first,
         )
         metrics = MetricRecord(
             {

@@ -2,7 +2,8 @@
 
 Deployment: ``--node-config "source=<name> path=<data> ..."`` defines the node's one source
 completely (any sources-file key: ``vocab-size``, ``text-column``, ...), plus the node-only
-keys ``state-dir`` and ``global-tokenizer``.
+keys ``state-dir``, ``global-tokenizer`` and ``device`` (``cuda:1``: several SuperNodes on
+one machine, each on its own GPU; it wins over the run's ``device``).
 
 Simulation: ``partition-id`` indexes the sources of the run config (its sources file, or
 the built-in default). With fewer simulated nodes than sources (``flwr run .`` starts two
@@ -16,12 +17,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dept.config import ConfigError, DeptConfig, resolve_path
+from dept.config import ConfigError, DeptConfig, check_device_name, resolve_path
 from dept.sources import SourceSpec, check_source_paths, parse_source, run_sources
 from dept.variants import variant
 from dept.workspace import default_state_root
 
-NODE_ONLY_KEYS = ("state-dir", "global-tokenizer")
+NODE_ONLY_KEYS = ("state-dir", "global-tokenizer", "device")
 SIMULATION_KEYS = ("partition-id", "num-partitions")
 
 
@@ -31,6 +32,7 @@ class NodeSetup:
     all_sources: list[SourceSpec]
     state_root: Path
     global_tokenizer: Path | None
+    device: str | None  # the node's own device=..., which wins over the run's
 
 
 def served_sources(
@@ -75,9 +77,11 @@ def node_setup(cfg: DeptConfig, node_config: dict[str, Any], source: str) -> Nod
         )
     state = node_config.get("state-dir") or cfg.state_dir
     tokenizer = node_config.get("global-tokenizer")
+    device = node_config.get("device")
     return NodeSetup(
         spec=by_name[source],
         all_sources=known,
         state_root=resolve_path(str(state)) if state else default_state_root(),
         global_tokenizer=resolve_path(str(tokenizer)) if tokenizer else None,
+        device=check_device_name(str(device), "node config key 'device'") if device else None,
     )

@@ -29,6 +29,7 @@ from transformers import PreTrainedModel
 
 from dept.config import DeptConfig
 from dept.data import StreamPosition, load_source_text, tokenize_source, training_batches
+from dept.devices import resolve_device
 from dept.evaluate import EvalResult, evaluate_stream
 from dept.model import (
     INIT_STD,
@@ -42,7 +43,7 @@ from dept.model import (
     position_state,
 )
 from dept.sources import SourceSpec
-from dept.train import make_inner_optimizer, resolve_device, train_local
+from dept.train import make_inner_optimizer, train_local
 from dept.vocab import check_fits, load_tokenizer, token_byte_lengths, tokenizer_digest
 from dept.workspace import global_tokenizer
 

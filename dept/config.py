@@ -33,12 +33,11 @@ from dept.variants import VARIANTS, VariantName
 CompressionName = Literal["none", "fp16", "int8"]  # how pseudo-gradients travel up
 AggregationName = Literal["mean", "trimmed-mean", "median"]  # how a round's updates combine
 OutlierAction = Literal["clip", "reject"]  # what becomes of an update too large to be honest
-DeviceName = Literal["auto", "cpu", "cuda", "mps"]  # dept.train.resolve_device picks one
 # Tuples for the code that checks a value outside the schema.
 COMPRESSIONS: tuple[CompressionName, ...] = get_args(CompressionName)
 AGGREGATIONS: tuple[AggregationName, ...] = get_args(AggregationName)
 OUTLIER_ACTIONS: tuple[OutlierAction, ...] = get_args(OutlierAction)
-DEVICES: tuple[DeviceName, ...] = get_args(DeviceName)
+DEVICE_PATTERN = re.compile(r"auto|cpu|mps|cuda(:[0-9]+)?")  # dept.devices resolves it
 BASE_DIR_ENV = "DEPT_HOME"
 MAX_VOCAB_SIZE = 1 << 20  # larger vocabularies are not trained here (a typo, not a plan)
 T = TypeVar("T")
@@ -191,8 +190,10 @@ class DeptConfig:
     )
     eval_batch_size: int = doc(16, "sequences per evaluation batch; >= 1")
     seed: int = doc(0, "seed of body init, embeddings, data order, sampling, synthetic data; >= 0")
-    device: DeviceName = doc(
-        "auto", "where sources train and evaluate: auto (CUDA, then MPS, then CPU), cpu, cuda, mps"
+    device: str = doc(
+        "auto",
+        "where sources train and evaluate: auto (CUDA, then MPS, then CPU), cpu, cuda, cuda:N "
+        "(the N-th visible GPU), mps; a node's own device=... node-config key wins",
     )
     sources_file: str = doc("", "YAML file listing the sources (empty: the built-in default)")
     source_keys_file: str = doc(
@@ -210,6 +211,11 @@ class DeptConfig:
         "source's round state (embeddings, AdamW moments, compression residual)",
     )
     resume: bool = doc(False, "continue the run in output-dir after its newest good checkpoint")
+    allow_device_change: bool = doc(
+        False,
+        "let a resumed run train on another device than its checkpointed config names (its "
+        "numbers then differ from an uninterrupted run's: bf16 autocast, fused AdamW)",
+    )
     tensorboard: bool = doc(
         False,
         "write each round's metrics as TensorBoard scalars under output-dir/tensorboard/ "
@@ -251,6 +257,7 @@ class DeptConfig:
             f"must be > 0 with outer-optimizer {self.outer_optimizer!r}",
         )
         _check("lr", self.lr > 0, "must be > 0")
+        check_device_name(self.device)
         _check("outer_lr", self.outer_lr > 0, "must be > 0")
         _check("outer_momentum", 0 <= self.outer_momentum < 1, "must be in [0, 1)")
         _check("min_lr_ratio", 0 <= self.min_lr_ratio <= 1, "must be in [0, 1]")
@@ -300,6 +307,13 @@ class DeptConfig:
         """The warmup the schedule uses: ``warmup-steps``, clamped so that a run shorter than
         it still reaches its peak learning rate (a 2-step run warms up 1 step)."""
         return min(self.warmup_steps, self.total_steps - 1)
+
+
+def check_device_name(name: str, where: str = "config key 'device'") -> str:
+    """``name`` if it names a device this project knows; a :class:`ConfigError` if not."""
+    if not DEVICE_PATTERN.fullmatch(name):
+        raise ConfigError(f"{where} is {name!r}: use auto, cpu, cuda, cuda:N or mps")
+    return name
 
 
 def _check(name: str, ok: bool, why: str, where: str = "config") -> None:

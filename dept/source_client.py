@@ -33,6 +33,7 @@ from dept.data import (
     tokenize_source,
     training_batches,
 )
+from dept.devices import resolve_device
 from dept.evaluate import EvalResult, evaluate_stream
 from dept.model import (
     build_model,
@@ -43,13 +44,7 @@ from dept.model import (
 from dept.sharing import own_parameters, shared_parameters, shared_state
 from dept.sources import SourceSpec
 from dept.synthetic import oracle_bpb
-from dept.train import (
-    TrainStats,
-    make_inner_optimizer,
-    max_round_update,
-    resolve_device,
-    train_local,
-)
+from dept.train import TrainStats, make_inner_optimizer, max_round_update, train_local
 from dept.variants import variant
 from dept.vocab import (
     VocabMap,

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from tqdm import tqdm
 from transformers import PreTrainedModel
 
-from dept.config import ConfigError, DeptConfig
+from dept.config import DeptConfig
 
 log = logging.getLogger(__name__)
 ADAM_BETAS = (0.9, 0.95)
@@ -37,19 +37,6 @@ class TrainStats:
     @property
     def tokens_per_s(self) -> float:
         return self.tokens / self.seconds if self.seconds > 0 else 0.0
-
-
-def resolve_device(name: str) -> torch.device:
-    """``auto`` picks CUDA, then Apple MPS, then CPU."""
-    if name == "auto":
-        if torch.cuda.is_available():
-            return torch.device("cuda")
-        if torch.backends.mps.is_available():
-            return torch.device("mps")
-        return torch.device("cpu")
-    if name == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("config key 'device' is 'cuda' but no CUDA device is visible here")
-    return torch.device(name)
 
 
 def lr_at(step: int, cfg: DeptConfig) -> float:

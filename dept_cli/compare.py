@@ -37,7 +37,14 @@ from pathlib import Path
 from typing import Any
 
 from dept.cli_help import HelpFormatter, plain
-from dept.config import DEVICES, ConfigError, DeptConfig, load_config, resolve_path, to_run_config
+from dept.config import (
+    ConfigError,
+    DeptConfig,
+    check_device_name,
+    load_config,
+    resolve_path,
+    to_run_config,
+)
 from dept.outer_optimizers import OUTER_OPTIMIZERS
 from dept.sources import SourceSpec, check_source_paths, load_sources, run_sources, write_sources
 from dept.variants import VARIANTS
@@ -383,7 +390,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="runs at once (the CPU threads are split between them)",
     )
     parser.add_argument("--seed", type=int, default=0, help="the same seed for every run")
-    parser.add_argument("--device", default="auto", choices=DEVICES, help="where runs train")
+    parser.add_argument(
+        "--device",
+        default="auto",
+        type=check_device_name,
+        help="where runs train: auto, cpu, cuda, cuda:N or mps",
+    )
     parser.add_argument("--out", default="outputs/compare", help="folder for the results")
     return parser
 

@@ -50,10 +50,12 @@ RESUMABLE_CHANGES = frozenset(
         "wait-for-nodes-s",
         "round-timeout-s",
         "min-available-nodes",
-        "device",
+        "allow-device-change",
         "source-keys-file",
     }
 )
+# Keys a resumed run may change only when it says so: the results then differ.
+DEVICE_KEY, ALLOW_DEVICE_CHANGE = "device", "allow-device-change"
 
 
 class CheckpointError(RuntimeError):
@@ -139,9 +141,16 @@ def check_same_run(cfg: DeptConfig, saved: Mapping[str, Any]) -> None:
     now = to_run_config(cfg)
     # a key added since the checkpoint was written had its default then
     saved = {**to_run_config(DeptConfig()), **saved}
+    if saved[DEVICE_KEY] != now[DEVICE_KEY] and not now[ALLOW_DEVICE_CHANGE]:
+        raise ConfigError(
+            f"config key 'device' is {now[DEVICE_KEY]!r}, the checkpointed run's "
+            f"{saved[DEVICE_KEY]!r}: on another device the resumed run computes differently "
+            "(bf16 autocast and fused AdamW on CUDA) and will not match an uninterrupted one; "
+            f"add -c {ALLOW_DEVICE_CHANGE}=true to resume anyway"
+        )
     changed = sorted(
         k
-        for k in now.keys() - RESUMABLE_CHANGES
+        for k in now.keys() - RESUMABLE_CHANGES - {DEVICE_KEY}
         if saved[k] != now[k] and not (k == "model" and _same_model(saved[k], now[k]))
     )
     if changed:

@@ -24,11 +24,11 @@ from flwr.common.config import parse_config_args
 
 from dept.budget import Device, check_server_fits, check_source_fits
 from dept.config import ConfigError, DeptConfig, config_keys, load_config, resolve_path
+from dept.devices import resolve_device
 from dept.lock import check_folder_free
 from dept.model import model_choice
 from dept.sharing import shared_vocab_size
 from dept.sources import SourceSpec, check_source_paths, run_sources
-from dept.train import resolve_device
 from server_app.local_runtime import HTTP_PORT_VARIABLE, LocalRuntime, Stopped, stop_signals
 from server_app.resume import RESUME_OPTIONS, check_resumable, resume_hint, resume_overrides
 from server_app.run_log import relay
@@ -105,15 +105,27 @@ def _is_path(key: str, value: Any) -> bool:
     return key in PATH_KEYS
 
 
-def gpu_share(num_clients: int) -> float:
-    """Fraction of a GPU per client so that all clients fit on the visible GPUs at once."""
-    try:
-        import torch
+def visible_gpus(cfg: DeptConfig) -> int:
+    """GPUs this run's clients may share: none where the run trains on the CPU."""
+    if cfg.device in ("cpu", "mps"):
+        return 0
+    import torch
 
-        gpus = torch.cuda.device_count()
-    except ImportError:
-        gpus = 0
-    return math.floor(min(1.0, gpus / num_clients) * 10_000) / 10_000 if gpus else 0.0
+    return torch.cuda.device_count()
+
+
+def gpu_share(num_clients: int, gpus: int) -> float:
+    """The GPU fraction per client that Ray can place with every client running at once.
+
+    Ray puts a fractional request on one GPU, never across two, so ``ceil(n / g)`` clients
+    share each GPU (a share of ``g / n``, e.g. 0.67 for 3 clients on 2 GPUs, fits once per
+    GPU and leaves a client unscheduled). Ray counts GPUs in steps of 1e-4, so the share is
+    rounded down to that.
+    """
+    if gpus == 0 or num_clients == 0:
+        return 0.0
+    per_gpu = math.ceil(num_clients / gpus)
+    return math.floor(10_000 / per_gpu) / 10_000
 
 
 def build_command(
@@ -143,6 +155,12 @@ def _toml(value: Any) -> str:
 
 def check_fits_here(cfg: DeptConfig, sources: list[SourceSpec]) -> None:
     """The server and every client of this simulation fit this machine (:mod:`dept.budget`)."""
+    if cfg.device.startswith("cuda:") and cfg.device != "cuda:0":
+        raise ConfigError(
+            f"config key 'device' is {cfg.device!r}, but in a simulation Ray gives each client "
+            "its GPU share as its only visible GPU (cuda:0): use 'cuda' or 'auto' (cuda:N is "
+            "for a SuperNode's node config)"
+        )
     check_server_fits(cfg, shared_vocab_size(cfg), Device.here("cpu").memory)
     device = Device.here(resolve_device(cfg.device).type)
     for spec in sources:
@@ -262,7 +280,11 @@ def _launch(args: argparse.Namespace) -> int:
         check_resumable(cfg, out_dir)
     check_fits_here(cfg, sources)
     num_nodes = args.num_supernodes or len(sources)
-    gpus = gpu_share(num_nodes) if args.gpus_per_client is None else args.gpus_per_client
+    gpus = (
+        gpu_share(num_nodes, visible_gpus(cfg))
+        if args.gpus_per_client is None
+        else args.gpus_per_client
+    )
     runtime = LocalRuntime.for_run(out_dir / FLOWER_HOME, dict(os.environ))
     # --stream also makes flwr run wait for the run's end, which dept run needs
     command = build_command(app, overrides, num_nodes, gpus, stream=True)

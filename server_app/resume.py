@@ -13,13 +13,15 @@ from typing import Any
 
 from dept.config import ConfigError, DeptConfig, config_keys
 from server_app.checkpoint import (
+    DEVICE_KEY,
     RESUMABLE_CHANGES,
     check_same_run,
     no_checkpoint,
     saved_run_config,
 )
 
-RESUME_OPTIONS = RESUMABLE_CHANGES - {"resume", "output-dir"}  # --resume names both
+# --resume names both resume and output-dir; a device change needs allow-device-change too
+RESUME_OPTIONS = (RESUMABLE_CHANGES | {DEVICE_KEY}) - {"resume", "output-dir"}
 
 
 def resume_overrides(out_dir: Path, given: dict[str, Any]) -> dict[str, Any]:

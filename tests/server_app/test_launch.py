@@ -111,7 +111,7 @@ def test_resume_refuses_keys_that_change_the_run(
     assert dept_run(["--resume", str(tmp_path / "run"), "-c", "lr=0.1 device='cpu'"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("dept run: error: --resume takes the run config from the checkpoint;")
-    assert "lr cannot change (only device," in err and err.count("\n") == 1
+    assert "lr cannot change (only allow-device-change, device," in err and err.count("\n") == 1
 
 
 def test_resume_without_a_checkpoint_fails_before_flower(
