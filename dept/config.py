@@ -33,6 +33,7 @@ from dept.variants import VARIANTS, VariantName
 CompressionName = Literal["none", "fp16", "int8"]  # how pseudo-gradients travel up
 AggregationName = Literal["mean", "trimmed-mean", "median"]  # how a round's updates combine
 OutlierAction = Literal["clip", "reject"]  # what becomes of an update too large to be honest
+DataParallelName = Literal["ddp", "fsdp"]  # how a source with nproc > 1 splits its training
 # Tuples for the code that checks a value outside the schema.
 COMPRESSIONS: tuple[CompressionName, ...] = get_args(CompressionName)
 AGGREGATIONS: tuple[AggregationName, ...] = get_args(AggregationName)
@@ -194,6 +195,13 @@ class DeptConfig:
         "auto",
         "where sources train and evaluate: auto (CUDA, then MPS, then CPU), cpu, cuda, cuda:N "
         "(the N-th visible GPU), mps; a node's own device=... node-config key wins",
+    )
+    data_parallel: DataParallelName = doc(
+        "ddp",
+        "how a source with nproc > 1 (a source or node-config key) trains on its processes: "
+        "ddp (each holds the whole model, gradients are averaged) or fsdp (FSDP2: weights, "
+        "gradients and AdamW moments sharded across them, for a body whose training does "
+        "not fit one device)",
     )
     sources_file: str = doc("", "YAML file listing the sources (empty: the built-in default)")
     source_keys_file: str = doc(

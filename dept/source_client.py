@@ -34,6 +34,7 @@ from dept.data import (
     training_batches,
 )
 from dept.devices import resolve_device
+from dept.distributed import round_job, train_on_ranks
 from dept.evaluate import EvalResult, evaluate_stream
 from dept.model import (
     build_model,
@@ -41,6 +42,7 @@ from dept.model import (
     load_tensors,
     position_count,
 )
+from dept.ranks import OneProcess
 from dept.sharing import own_parameters, shared_parameters, shared_state
 from dept.sources import SourceSpec
 from dept.synthetic import oracle_bpb
@@ -101,6 +103,7 @@ class SourceClient:
             tok_path = global_tokenizer_file or global_tokenizer(
                 all_sources or [spec], cfg.global_vocab_size, workspace.cache, cfg.seed
             )
+        self.tokenizer_file = tok_path
         self.tokenizer = load_tokenizer(tok_path)
         self.tokenizer_digest = tokenizer_digest(tok_path)
         if self.variant.shares_embeddings:  # its ids index the server's global φ
@@ -232,16 +235,35 @@ class SourceClient:
         attempt: Attempt | None = None,
         last_trained: int = -1,
         announce: bool = True,
+        ranks: OneProcess | None = None,
     ) -> RoundResult:
         """Train round ``server_round`` from θ in ``arrays``; ``last_trained`` is the round
-        the server last took an update of this source from (-1: none)."""
+        the server last took an update of this source from (-1: none). A source with
+        ``nproc`` > 1 trains on that many processes, each of which calls this with its
+        ``ranks`` (:mod:`dept.distributed`)."""
+        if ranks is None and self.spec.nproc > 1:
+            job = round_job(
+                self.cfg,
+                self.spec,
+                self.ws,
+                self.tokenizer_file,
+                self.device,
+                global_step=global_step,
+                server_round=server_round,
+                attempt=attempt,
+                last_trained=last_trained,
+                announce=announce,
+            )
+            return RoundResult(*train_on_ranks(job, arrays, self.ws))
+        ranks = ranks or OneProcess()
         found = self.state(server_round, attempt)
         event = self.state_event(found, server_round, last_trained)
         state = found.state
         model = self.model(arrays, state, announce)
-        optimizer = make_inner_optimizer(model, self.cfg)
+        trained = ranks.wrap(model)
+        optimizer = make_inner_optimizer(model, self.cfg)  # after wrap: FSDP shards in place
         if state is not None and state.optimizer is not None and self.cfg.keep_inner_optimizer:
-            optimizer.load_state_dict(state.optimizer)
+            ranks.load_optimizer(optimizer, state.optimizer)
         position = replace(state.position) if state is not None else StreamPosition()
         batches = training_batches(
             self.tokens.train, self.cfg.seq_len, self.cfg.batch_size, self.cfg.seed, position
@@ -249,28 +271,32 @@ class SourceClient:
         if self.vocab_map is not None:
             batches = (self.vocab_map.to_local(b) for b in batches)
         stats = train_local(
-            model,
+            trained,
             optimizer,
-            batches,
+            ranks.shard(batches),
             self.cfg,
             start_step=global_step,
             desc=f"round {server_round} {self.spec.name}",
         )
+        stats = ranks.reduce(stats)
+        ranks.unshard(model)
         local = shared_state(model, self.variant, self._shared_rows())
         delta = {name: arrays[name].float() - local[name] for name in arrays}
         payload, residual = self._payload(delta, state, arrays, global_step)
-        self.ws.save_state(
-            server_round,
-            SourceState(
+        kept = ranks.optimizer_state(optimizer) if self.cfg.keep_inner_optimizer else None
+        if ranks.writes:
+            self.ws.save_state(
                 server_round,
-                dict(own_parameters(model, self.variant)),
-                optimizer.state_dict() if self.cfg.keep_inner_optimizer else None,
-                position,
-                self.tokenizer_digest,
-                attempt.id if attempt else "",
-                residual,
-            ),
-        )
+                SourceState(
+                    server_round,
+                    dict(own_parameters(model, self.variant)),
+                    kept,
+                    position,
+                    self.tokenizer_digest,
+                    attempt.id if attempt else "",
+                    residual,
+                ),
+            )
         return RoundResult(delta, payload, stats, event)
 
     def _payload(

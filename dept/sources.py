@@ -60,6 +60,7 @@ class SourceSpec:
     streaming: bool = False
     max_train_bytes: int = 0
     sample_by: str = "paragraph"
+    nproc: int = 1  # processes (GPUs) its training is split over (:mod:`dept.distributed`)
 
     def __post_init__(self) -> None:
         where = f"source {self.name!r}"
@@ -77,6 +78,8 @@ class SourceSpec:
             raise ConfigError(f"{where}: 'sample-by' must be one of {', '.join(SAMPLE_BY)}")
         if self.max_train_bytes < 0:
             raise ConfigError(f"{where}: 'max-train-bytes' must be >= 0")
+        if self.nproc < 1:
+            raise ConfigError(f"{where}: 'nproc' must be >= 1")
 
     @property
     def kind(self) -> str:
