@@ -57,9 +57,16 @@ RANK_MODULE = "dept.rank_worker"  # what each rank runs (``python -m``)
 # The launcher's own handlers while it runs in the main thread (each raises there, so a
 # stopped node stops its ranks); the process's handlers are put back afterwards.
 LAUNCHER_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
-# How a rank fails when another one did first: stopped by the launcher, or cut off in a
-# collective. The cause of a round's failure is the first rank that failed otherwise.
-KNOCK_ON_ERRORS = ("DistBackendError", "DistNetworkError", "DistStoreError")
+# How a rank fails when another one did first, besides being stopped by the launcher: cut
+# off in a collective (gloo says so in a RuntimeError). The cause of a round's failure is
+# the first rank that failed otherwise.
+KNOCK_ON_ERRORS = (
+    "DistBackendError",
+    "DistNetworkError",
+    "DistStoreError",
+    "Connection closed by peer",
+    "Connection reset by peer",
+)
 
 
 class RankFailed(RuntimeError):
@@ -217,7 +224,8 @@ def failure_cause(failures: dict[int, ProcessFailure]) -> tuple[int, str]:
     a rank stopped by the launcher, or cut off by a peer's death, is a consequence."""
 
     def knock_on(failure: ProcessFailure) -> bool:
-        return failure.exitcode == -signal.SIGTERM or _message(failure).startswith(KNOCK_ON_ERRORS)
+        message = _message(failure)
+        return failure.exitcode == -signal.SIGTERM or any(e in message for e in KNOCK_ON_ERRORS)
 
     rank = min(failures, key=lambda r: (knock_on(failures[r]), failures[r].timestamp, r))
     return rank, _message(failures[rank])
