@@ -1,7 +1,8 @@
 """Which sources a node serves, and where it keeps their state.
 
 Deployment: ``--node-config "source=<name> path=<data> ..."`` defines the node's one source
-completely (any sources-file key: ``vocab-size``, ``text-column``, ...), plus the node-only
+completely (any sources-file key: ``vocab-size``, ``text-column``, ``nproc``: its training on
+that many processes or GPUs, ...), plus the node-only
 keys ``state-dir``, ``global-tokenizer`` and ``device`` (``cuda:1``: several SuperNodes on
 one machine, each on its own GPU; it wins over the run's ``device``).
 

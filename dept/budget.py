@@ -15,6 +15,7 @@ have worked there:
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 from dataclasses import dataclass
@@ -99,17 +100,22 @@ def check_source_fits(cfg: DeptConfig, spec: SourceSpec, device: Device) -> None
     vocabulary otherwise (a SPEC-OPT tokenizer, or a SPEC/TRIM V_k, may be far smaller than
     asked). The exact check follows once the source knows its rows."""
     rows = cfg.global_vocab_size if variant(cfg.variant).embeddings == "all" else MIN_VOCAB_SIZE
-    check_client_fits(cfg, rows, vocab_key(cfg, spec), device)
+    check_client_fits(cfg, rows, vocab_key(cfg, spec), device, spec.nproc)
 
 
-def check_client_fits(cfg: DeptConfig, vocab_size: int, vocab_from: str, device: Device) -> None:
+def check_client_fits(
+    cfg: DeptConfig, vocab_size: int, vocab_from: str, device: Device, nproc: int = 1
+) -> None:
     """Refuse, naming the key, a client that cannot hold its training or finish a round.
 
     ``vocab_from`` names where ``vocab_size`` comes from (:func:`vocab_key`), e.g. ``config
-    key 'global-vocab-size'`` or ``source 'de-novels' key 'vocab-size'``."""
+    key 'global-vocab-size'`` or ``source 'de-novels' key 'vocab-size'``. With ``nproc``
+    processes, each device holds batch-size / nproc rows, and under FSDP a 1/nproc share of
+    the training state (but the whole float32 weights once, while they are sharded)."""
     body, embedding = trained_body_params(cfg), embedding_params(cfg, vocab_size)
-    weights = ADAMW_BYTES_PER_PARAM * (body + embedding)
-    logits = 2 * FLOAT32 * cfg.batch_size * cfg.seq_len * vocab_size
+    shards = nproc if cfg.data_parallel == "fsdp" else 1
+    weights = max(FLOAT32, ADAMW_BYTES_PER_PARAM / shards) * (body + embedding)
+    logits = 2 * FLOAT32 * cfg.batch_size // nproc * cfg.seq_len * vocab_size
     need = weights + logits
     if need > device.memory:
         where = _culprit(cfg, vocab_size, vocab_from, logits > weights, embedding > body)
@@ -121,7 +127,9 @@ def check_client_fits(cfg: DeptConfig, vocab_size: int, vocab_from: str, device:
             f"more than this {device.kind}'s {_gb(device.memory)}"
         )
     # FLOPs: the input embedding and ψ are lookups; the output head is a (V, d) matmul a token.
-    _check_round_time(cfg, body_params(cfg.model) + head_params(cfg, vocab_size), device)
+    devices = nproc if device.kind == "cuda" else 1  # CPU processes share the same cores
+    rate = dataclasses.replace(device, peak_flops=device.peak_flops * devices)
+    _check_round_time(cfg, body_params(cfg.model) + head_params(cfg, vocab_size), rate)
 
 
 def _culprit(

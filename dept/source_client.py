@@ -113,7 +113,7 @@ class SourceClient:
         )
         self.token_bytes = token_byte_lengths(self.tokenizer)
         self.vocab_map = self._vocab_map() if self.variant.local_rows else None
-        check_client_fits(cfg, self.vocab_size, vocab_key(cfg, spec), device)  # exact rows
+        check_client_fits(cfg, self.vocab_size, vocab_key(cfg, spec), device, spec.nproc)
         self.oracle_bpb = oracle_bpb(text.folder) if text.folder else None
 
     def _vocab_map(self) -> VocabMap:

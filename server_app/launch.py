@@ -25,6 +25,7 @@ from flwr.common.config import parse_config_args
 from dept.budget import Device, check_server_fits, check_source_fits
 from dept.config import ConfigError, DeptConfig, config_keys, load_config, resolve_path
 from dept.devices import resolve_device
+from dept.distributed import check_nproc
 from dept.lock import check_folder_free
 from dept.model import model_choice
 from dept.sharing import shared_vocab_size
@@ -128,6 +129,21 @@ def gpu_share(num_clients: int, gpus: int) -> float:
     return math.floor(10_000 / per_gpu) / 10_000
 
 
+def client_gpus(num_clients: int, gpus: int, sources: list[SourceSpec]) -> float:
+    """GPUs per simulated client: one per process where a source trains on several
+    (``nproc``; Flower asks the same of every client, so the largest sets it, and Ray runs
+    as many clients at once as it can give that many GPUs), else :func:`gpu_share`."""
+    widest = max(sources, key=lambda s: s.nproc)
+    if widest.nproc == 1 or gpus == 0:  # several processes on the CPU need no GPU
+        return gpu_share(num_clients, gpus)
+    if widest.nproc > gpus:
+        raise ConfigError(
+            f"source {widest.name!r} key 'nproc' ({widest.nproc}): one GPU per process, but "
+            f"{gpus} are visible here"
+        )
+    return float(widest.nproc)
+
+
 def build_command(
     app: Path, run_config: dict[str, Any], num_nodes: int, gpus: float, stream: bool
 ) -> list[str]:
@@ -165,6 +181,7 @@ def check_fits_here(cfg: DeptConfig, sources: list[SourceSpec]) -> None:
     device = Device.here(resolve_device(cfg.device).type)
     for spec in sources:
         check_source_fits(cfg, spec, device)
+        check_nproc(cfg, spec)
 
 
 def keys_help() -> str:
@@ -281,7 +298,7 @@ def _launch(args: argparse.Namespace) -> int:
     check_fits_here(cfg, sources)
     num_nodes = args.num_supernodes or len(sources)
     gpus = (
-        gpu_share(num_nodes, visible_gpus(cfg))
+        client_gpus(num_nodes, visible_gpus(cfg), sources)
         if args.gpus_per_client is None
         else args.gpus_per_client
     )

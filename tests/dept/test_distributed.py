@@ -15,7 +15,9 @@ import pytest
 import torch
 from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
+from client_app.node import served_sources
 from dept import distributed
+from dept.budget import Device, check_client_fits
 from dept.config import ConfigError, load_config
 from dept.distributed import RankFailed, check_nproc, failure_cause
 from dept.model import body_state, build_model
@@ -194,3 +196,23 @@ def _kill_rank_1_when_training(client: SourceClient, killed: list[int]) -> None:
             except psutil.NoSuchProcess:
                 continue
         time.sleep(0.2)
+
+
+def test_fsdp_shares_the_training_state_so_a_larger_body_fits(tmp_path: Path) -> None:
+    gpu = Device("cuda", memory=1e9, peak_flops=1e15)  # 1 GB: too small for 125m's 1.4 GB
+    cfg = load_config(debug_run_config(tmp_path, model="125m"))
+    fsdp = dataclasses.replace(cfg, data_parallel="fsdp")
+
+    check_client_fits(fsdp, 1024, "source 'x' key 'vocab-size'", gpu, nproc=4)
+    for config, nproc in ((cfg, 4), (fsdp, 1)):  # DDP holds it all on each device
+        with pytest.raises(ConfigError, match=r"a client needs at least 1\.4 GB"):
+            check_client_fits(config, 1024, "source 'x' key 'vocab-size'", gpu, nproc=nproc)
+
+
+def test_a_node_config_gives_its_source_processes(tmp_path: Path) -> None:
+    cfg = load_config(debug_run_config(tmp_path))
+    node = {"source": "de", "path": "builtin:synthetic-latin", "nproc": 2}
+
+    served, _ = served_sources(cfg, node)
+
+    assert served[0].nproc == 2
