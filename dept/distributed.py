@@ -144,23 +144,29 @@ def round_job(
     ws: Workspace,
     tokenizer_file: Path,
     device: torch.device,
-    **round_args: Any,
+    *,
+    global_step: int,
+    server_round: int,
+    attempt: Attempt | None,
+    last_trained: int,
+    announce: bool,
 ) -> RankJob:
-    """The job of one round (``round_args``: those of ``train_round``) for ``spec``'s ranks."""
+    """The job of one round for ``spec``'s ranks (the round's arguments: ``train_round``'s)."""
     check_nproc(cfg, spec)
-    run_id = ws.dir.relative_to(ws.root / "runs").parts[0]
-    attempt = round_args.pop("attempt") or Attempt()
     return RankJob(
         run_config=to_run_config(cfg),
         spec=asdict(spec),
         state_root=str(ws.root),
-        run_id=run_id,
+        run_id=ws.dir.relative_to(ws.root / "runs").parts[0],
         tokenizer_file=str(tokenizer_file),
         first_gpu=first_gpu(spec, device),
         threads=max(1, torch.get_num_threads() // spec.nproc),
         launcher_pid=os.getpid(),
-        attempt=asdict(attempt),
-        **round_args,
+        global_step=global_step,
+        server_round=server_round,
+        attempt=asdict(attempt or Attempt()),
+        last_trained=last_trained,
+        announce=announce,
     )
 
 
