@@ -242,19 +242,9 @@ class SourceClient:
         ``nproc`` > 1 trains on that many processes, each of which calls this with its
         ``ranks`` (:mod:`dept.distributed`)."""
         if ranks is None and self.spec.nproc > 1:
-            job = round_job(
-                self.cfg,
-                self.spec,
-                self.ws,
-                self.tokenizer_file,
-                self.device,
-                global_step=global_step,
-                server_round=server_round,
-                attempt=attempt,
-                last_trained=last_trained,
-                announce=announce,
+            return self._train_on_ranks(
+                arrays, global_step, server_round, attempt, last_trained, announce
             )
-            return RoundResult(*train_on_ranks(job, arrays, self.ws))
         ranks = ranks or OneProcess()
         found = self.state(server_round, attempt)
         event = self.state_event(found, server_round, last_trained)
@@ -298,6 +288,30 @@ class SourceClient:
                 ),
             )
         return RoundResult(delta, payload, stats, event)
+
+    def _train_on_ranks(
+        self,
+        arrays: dict[str, torch.Tensor],
+        global_step: int,
+        server_round: int,
+        attempt: Attempt | None,
+        last_trained: int,
+        announce: bool,
+    ) -> RoundResult:
+        """:meth:`train_round` on ``nproc`` processes, launched from here."""
+        job = round_job(
+            self.cfg,
+            self.spec,
+            self.ws,
+            self.tokenizer_file,
+            self.device,
+            global_step=global_step,
+            server_round=server_round,
+            attempt=attempt,
+            last_trained=last_trained,
+            announce=announce,
+        )
+        return RoundResult(*train_on_ranks(job, arrays, self.ws))
 
     def _payload(
         self,
