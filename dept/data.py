@@ -199,8 +199,9 @@ def text_sample(table: datasets.Dataset, max_bytes: int, seed: int) -> Iterator[
     """About ``max_bytes`` of ``table``'s documents, in their order, to train a tokenizer on.
 
     All of them when they fit; else each is kept with probability ``max_bytes`` / total
-    (seeded), until the ones kept reach ``max_bytes``. A seeded sample, not the first
-    documents: a corpus sorted by topic or date would give a lopsided vocabulary.
+    (seeded), until the ones kept reach ``max_bytes`` (so never more than that and one
+    document). A seeded sample, not the first documents: a corpus sorted by topic or date
+    would give a lopsided vocabulary.
     """
     total = sum(int(sizes.sum()) for _, sizes in _byte_sizes(table))
     keep = min(1.0, max_bytes / max(total, 1))

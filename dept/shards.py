@@ -45,12 +45,12 @@ class Plan:
     batches_per_shard: int = BATCHES_PER_SHARD
 
     @classmethod
-    def for_table(cls, table: datasets.Dataset, encode_bytes: int = ENCODE_BYTES) -> Plan:
-        """Batches of about ``encode_bytes``, from the table's mean row size (its Arrow
+    def for_table(cls, table: datasets.Dataset) -> Plan:
+        """Batches of about :data:`ENCODE_BYTES`, from the table's mean row size (its Arrow
         buffers' size, known without reading the text)."""
         data = table.data
         mean_row = data.nbytes / max(1, data.num_rows)
-        return cls(rows_per_batch=max(1, int(encode_bytes / max(mean_row, 1.0))))
+        return cls(rows_per_batch=max(1, int(ENCODE_BYTES / max(mean_row, 1.0))))
 
     @property
     def rows_per_shard(self) -> int:

@@ -77,12 +77,17 @@ def default_state_root() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "dept"
 
 
+def cache_dir(root: Path) -> Path:
+    """Where a node keeps what every run may reuse: tokenizers, token streams, corpora."""
+    return root / "cache"
+
+
 class Workspace:
     """The node-local folders of one source in one run."""
 
     def __init__(self, root: Path, run_id: str, source: str) -> None:
         self.root = root
-        self.cache = root / "cache"
+        self.cache = cache_dir(root)
         self.dir = root / "runs" / run_id / source
         self.dir.mkdir(parents=True, exist_ok=True)
 
