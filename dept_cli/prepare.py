@@ -16,16 +16,18 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+import click
 from flwr.common.config import parse_config_args
 
 from client_app.node import node_setup, served_sources
-from dept.cli_help import HelpFormatter
+from dept.cli_help import HelpFormatter, plain
 from dept.config import ConfigError, DeptConfig, load_config
 from dept.prepare import PreparedSource, prepare_source
 from dept.sources import SourceSpec
 from dept.workspace import cache_dir
 from server_app.launch import absolute_paths, app_defaults, project_dir
 
+ALL_SOURCES = {"partition-id": 0, "num-partitions": 1}  # one simulated node serving every source
 EXAMPLES = """examples:
   dept prepare                                        # every source of the default run
   dept prepare -c "sources-file='my-sources.yaml' variant='spec-opt'" --source de-novels
@@ -53,7 +55,7 @@ class Prepared:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="dept prepare",
-        description=__doc__,
+        description=plain(__doc__),
         epilog=EXAMPLES,
         formatter_class=HelpFormatter,
     )
@@ -115,9 +117,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = run_config(args.run_config)
         node_config = parse_config_args([args.node_config]) if args.node_config else {}
-        for prepared in prepare_node(cfg, node_config or {"partition-id": 0, "num-partitions": 1}, args.source):
+        for prepared in prepare_node(
+            cfg, node_config or {"partition-id": 0, "num-partitions": 1}, args.source
+        ):
             print(prepared.line(), flush=True)
-    except (ConfigError, ValueError, FileNotFoundError) as exc:
-        print(f"dept prepare: error: {exc}", file=sys.stderr)
+    except (ConfigError, click.ClickException, ValueError, FileNotFoundError) as exc:
+        print(f"dept prepare: error: {getattr(exc, 'message', exc)}", file=sys.stderr)
         return 2
     return 0
