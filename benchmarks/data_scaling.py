@@ -16,7 +16,8 @@ document tokenized into the memory-mapped shards. Measured per size:
 - tokenization MB/s (text bytes of both splits / wall seconds), the cores it kept busy
   (CPU seconds / wall seconds) and MB/s per available core.
 
-Peak RSS passes when the largest size's is at most 1.2x the smallest's. Generated data,
+Flat memory means the largest size's peak at most 1.2x the smallest's (``flat`` for RSS,
+``flat_anon`` for anonymous RSS in the JSON). Generated data,
 ``datasets``' Arrow cache and the tokens go under ``--work`` and are deleted afterwards
 (``--keep`` keeps them).
 """
@@ -57,7 +58,7 @@ def write_source(folder: Path, size: int, seed: int = 0) -> Path:
     for name, target in (("train.txt", size), ("val.txt", max(1, int(size * VAL_FRACTION)))):
         with (folder / name).open("w", encoding="utf-8") as out:
             while out.tell() < target:
-                picks = rng.integers(len(pool), size=min(20_000, 1 + target // 200))
+                picks = rng.integers(len(pool), size=min(20_000, 1 + target // 5_000))
                 out.write("\n\n".join(pool[i] for i in picks) + "\n\n")
     return folder
 
@@ -162,8 +163,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == [CHILD]:
-        folder, state, vocab = argv[1:4]
-        print(json.dumps(prepare_here(Path(folder), Path(state), int(vocab))))
+        print(json.dumps(prepare_here(Path(argv[1]), Path(argv[2]), int(argv[3]))))
         return 0
     args = parse_args(argv)
     sizes = [0.002, 0.006] if args.quick else [float(s) for s in args.sizes.split(",")]
@@ -195,6 +195,7 @@ def main(argv: list[str] | None = None) -> int:
         "peak_rss_ratio": ratio,
         "peak_anon_ratio": anon_ratio,
         "flat": ratio <= FLAT,
+        "flat_anon": anon_ratio <= FLAT,
         "table": table,
     }
     write_outputs(args.out, NAME, result, rows)
