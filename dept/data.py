@@ -2,15 +2,19 @@
 
 Documents are tokenized, joined with an EOS after each, and cut into fixed-length blocks
 (``seq_len + 1`` tokens, so every block yields ``seq_len`` next-token targets). The token
-arrays are cached next to the source's state, keyed by the tokenizer and the data, so no
-round re-tokenizes. Training walks a seeded permutation of the blocks and remembers where
-it stopped (:class:`StreamPosition`), so the next round continues instead of restarting.
+stream is written to disk shard by shard and read by memory map (:mod:`dept.shards`), in a
+cache next to the source's state keyed by the tokenizer and the data's content (not its
+path), so no round re-tokenizes and memory does not grow with the source. Text is read
+from ``datasets``' memory-mapped Arrow tables in batches, never whole. Training walks a
+seeded permutation of the blocks and remembers where it stopped (:class:`StreamPosition`),
+so the next round continues instead of restarting.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import sys
 import sysconfig
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
@@ -19,16 +23,21 @@ from pathlib import Path
 import datasets
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 from datasets.exceptions import DatasetGenerationError
 from filelock import FileLock
 from transformers import PreTrainedTokenizerFast
 
+from dept.fingerprint import digest, files_key
+from dept.shards import Plan, tokenized_splits
 from dept.sources import BUILTIN_PREFIX, HF_PREFIX, SourceSpec, source_files
 from dept.synthetic import ensure_synthetic_corpus
 from dept.text_checks import file_problem, one_line
 
 BUILDER_BY_SUFFIX = {".txt": "text", ".json": "json", ".jsonl": "json", ".parquet": "parquet"}
 STDLIB_VAL_EVERY = 20
+TOKENS_FORMAT = 2  # 1: one .npz of int32 per source; 2: memory-mapped shards (dept.shards)
+SAMPLE_STREAM = 0x70C  # the tokenizer sample's random stream, apart from the run's others
 
 
 @dataclass
@@ -37,6 +46,7 @@ class SourceText:
 
     train: datasets.Dataset
     validation: datasets.Dataset
+    key: str  # what the documents are (content and reading options), for cache keys
     folder: Path | None = None  # set where the text lives in a local folder
 
 
@@ -53,7 +63,8 @@ def _load_dir(spec: SourceSpec, cache_dir: Path, seed: int) -> SourceText:
     }
     text = _load_files("text", files, spec)
     train = _capped(text["train"], spec.max_train_bytes)
-    return SourceText(train, text["validation"], folder=Path(spec.path))
+    key = _reading_key(spec, files_key(source_files(spec)))
+    return SourceText(train, text["validation"], key, folder=Path(spec.path))
 
 
 def _load_file_table(spec: SourceSpec, cache_dir: Path, seed: int) -> SourceText:
@@ -65,7 +76,7 @@ def _load_file_table(spec: SourceSpec, cache_dir: Path, seed: int) -> SourceText
             f"(supported: {', '.join(BUILDER_BY_SUFFIX)})"
         )
     table = _load_files(BUILDER_BY_SUFFIX[suffix], {"train": spec.path}, spec)["train"]
-    return _hold_out(table, spec, seed)
+    return _hold_out(table, spec, seed, files_key(source_files(spec)))
 
 
 def _load_files(builder: str, files: dict[str, str], spec: SourceSpec) -> datasets.DatasetDict:
@@ -148,17 +159,62 @@ def _has_text(spec: SourceSpec, origin: str) -> Callable[[dict, int], bool]:
     return has_text
 
 
-def _hold_out(table: datasets.Dataset, spec: SourceSpec, seed: int) -> SourceText:
+def _hold_out(table: datasets.Dataset, spec: SourceSpec, seed: int, content: str) -> SourceText:
     parts = table.train_test_split(test_size=spec.val_fraction, seed=seed, shuffle=True)
-    return SourceText(_capped(parts["train"], spec.max_train_bytes), parts["test"])
+    train = _capped(parts["train"], spec.max_train_bytes)
+    return SourceText(train, parts["test"], _reading_key(spec, content, seed))
+
+
+def _reading_key(spec: SourceSpec, content: str, seed: int | None = None) -> str:
+    """The key of the documents read from data ``content`` with ``spec``'s reading options
+    (and ``seed``, where it picks the validation documents); the source's path is left out."""
+    options = (spec.text_column, spec.config, spec.split, spec.val_split, spec.val_fraction)
+    return digest(content, options, spec.streaming, spec.max_train_bytes, spec.sample_by, seed)
 
 
 def _capped(table: datasets.Dataset, max_bytes: int) -> datasets.Dataset:
-    """The first documents of ``table`` up to ``max_bytes`` of text (0 = no cap)."""
+    """The first documents of ``table`` before the one reaching ``max_bytes`` of text in
+    all (at least one; 0 = no cap), their sizes counted by Arrow batch by batch."""
     if not max_bytes:
         return table
-    sizes = np.cumsum([len(t.encode("utf-8")) for t in table["text"]])
-    return table.select(range(max(1, int(np.searchsorted(sizes, max_bytes)))))
+    total = 0
+    for start, sizes in _byte_sizes(table):
+        cumulative = total + np.cumsum(sizes)
+        if cumulative[-1] >= max_bytes:
+            cut = start + int(np.searchsorted(cumulative, max_bytes))
+            return table.select(range(max(1, cut)))
+        total = int(cumulative[-1])
+    return table
+
+
+def _byte_sizes(table: datasets.Dataset) -> Iterator[tuple[int, np.ndarray]]:
+    """(first row, UTF-8 bytes of each document) per batch of ``table``'s rows."""
+    arrow, rows = table.with_format("arrow"), Plan.for_table(table).rows_per_batch
+    for start in range(0, len(table), rows):
+        lengths = pc.binary_length(arrow[start : start + rows]["text"])
+        yield start, lengths.to_numpy().astype(np.int64)
+
+
+def text_sample(table: datasets.Dataset, max_bytes: int, seed: int) -> Iterator[str]:
+    """About ``max_bytes`` of ``table``'s documents, in their order, to train a tokenizer on.
+
+    All of them when they fit; else each is kept with probability ``max_bytes`` / total
+    (seeded), until the ones kept reach ``max_bytes`` (so never more than that and one
+    document). A seeded sample, not the first documents: a corpus sorted by topic or date
+    would give a lopsided vocabulary.
+    """
+    total = sum(int(sizes.sum()) for _, sizes in _byte_sizes(table))
+    keep = min(1.0, max_bytes / max(total, 1))
+    rng = np.random.default_rng([seed, SAMPLE_STREAM])
+    arrow, taken = table.with_format("arrow"), 0
+    for start, sizes in _byte_sizes(table):
+        chosen = rng.random(len(sizes)) < keep
+        texts = arrow[start : start + len(sizes)]["text"].filter(pa.array(chosen))
+        for text, size in zip(texts.to_pylist(), sizes[chosen], strict=True):
+            yield text
+            taken += int(size)
+            if taken >= max_bytes:
+                return
 
 
 def _load_hub(spec: SourceSpec, cache_dir: Path, seed: int) -> SourceText:
@@ -174,8 +230,9 @@ def _load_hub(spec: SourceSpec, cache_dir: Path, seed: int) -> SourceText:
         val_rows = val if not spec.streaming else _take_bytes(val, spec, 2_000_000)
         val_table = datasets.Dataset.from_list(list(val_rows))
         val_table = _text_only(val_table, spec, _hub_split(spec, spec.val_split))
-        return SourceText(_capped(table, spec.max_train_bytes), val_table)
-    return _hold_out(table, spec, seed)
+        key = _reading_key(spec, digest(dataset_id, len(table), len(val_table)))
+        return SourceText(_capped(table, spec.max_train_bytes), val_table, key)
+    return _hold_out(table, spec, seed, digest(dataset_id, len(table)))
 
 
 def _hub_split(spec: SourceSpec, split: str) -> str:
@@ -236,8 +293,9 @@ def _python_stdlib(spec: SourceSpec) -> SourceText:
     val = [t for i, t in enumerate(texts) if i % STDLIB_VAL_EVERY == 0]
     train = [t for i, t in enumerate(texts) if i % STDLIB_VAL_EVERY != 0]
     table = datasets.Dataset.from_dict({"text": train})
+    key = _reading_key(spec, digest(sys.version, files_key(files)))
     return SourceText(
-        _capped(table, spec.max_train_bytes), datasets.Dataset.from_dict({"text": val})
+        _capped(table, spec.max_train_bytes), datasets.Dataset.from_dict({"text": val}), key
     )
 
 
@@ -245,8 +303,8 @@ def _python_stdlib(spec: SourceSpec) -> SourceText:
 class TokenizedSource:
     """A source's token stream per split (documents joined, EOS after each)."""
 
-    train: np.ndarray  # (N_train,) int32 token ids
-    validation: np.ndarray  # (N_val,) int32 token ids
+    train: np.ndarray  # (N_train,) token ids, uint16 or uint32, memory-mapped
+    validation: np.ndarray  # (N_val,) token ids, likewise
 
 
 # How each kind of source (:attr:`dept.sources.SourceSpec.kind`) is read.
@@ -261,38 +319,18 @@ LOADERS: dict[str, Callable[[SourceSpec, Path, int], SourceText]] = {
 def tokenize_source(
     text: SourceText, tokenizer: PreTrainedTokenizerFast, tokenizer_digest: str, cache_dir: Path
 ) -> TokenizedSource:
-    """Tokenize both splits once; later calls with the same tokenizer and data read the cache."""
-    key = hashlib.sha256(
-        json.dumps(
-            [tokenizer_digest, text.train._fingerprint, text.validation._fingerprint]
-        ).encode()
-    ).hexdigest()[:20]
-    path = cache_dir / f"tokens-{key}.npz"
+    """Tokenize both splits once, resuming an interrupted preparation; later calls with the
+    same tokenizer and data map the cache."""
+    folder = cache_dir / f"tokens-{digest(tokenizer_digest, text.key, TOKENS_FORMAT)}"
     cache_dir.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(path) + ".lock"):
-        if not path.is_file():
-            tmp = path.with_suffix(".tmp.npz")
-            np.savez(
-                tmp,
-                train=_encode(text.train, tokenizer),
-                validation=_encode(text.validation, tokenizer),
-            )
-            tmp.replace(path)
-        with np.load(path, allow_pickle=False) as cached:
-            return TokenizedSource(train=cached["train"], validation=cached["validation"])
-
-
-def _encode(table: datasets.Dataset, tokenizer: PreTrainedTokenizerFast) -> np.ndarray:
-    eos = tokenizer.eos_token_id
-    backend = tokenizer.backend_tokenizer
-    # Text that spells "<|endoftext|>" is text, not a document boundary.
-    backend.encode_special_tokens = True
-    pieces: list[np.ndarray] = []
-    for start in range(0, len(table), 1000):
-        batch = table[start : start + 1000]["text"]
-        for enc in backend.encode_batch(batch, add_special_tokens=False):
-            pieces.append(np.asarray([*enc.ids, eos], dtype=np.int32))
-    return np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.int32)
+    with FileLock(str(folder) + ".lock"):
+        splits = tokenized_splits(
+            {"train": text.train, "validation": text.validation},
+            tokenizer.backend_tokenizer,
+            tokenizer.eos_token_id,
+            folder,
+        )
+    return TokenizedSource(train=splits["train"], validation=splits["validation"])
 
 
 def num_blocks(tokens: np.ndarray, seq_len: int) -> int:
@@ -330,5 +368,5 @@ def training_batches(
             if len(take) < batch_size:  # the last partial batch of an epoch is skipped
                 break
             position.offset += batch_size
-            yield np.stack([block(tokens, int(i), seq_len) for i in take])
+            yield np.stack([block(tokens, int(i), seq_len) for i in take]).astype(np.int32)
         position.epoch, position.offset = position.epoch + 1, 0

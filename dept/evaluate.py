@@ -17,6 +17,8 @@ from transformers import PreTrainedModel
 from dept.train import autocast
 from dept.vocab import VocabMap
 
+SCAN_CHUNK = 1 << 22  # tokens whose bytes are summed at a time
+
 
 @dataclass
 class EvalResult:
@@ -35,9 +37,14 @@ def byte_prefix(tokens: np.ndarray, token_bytes: np.ndarray, max_bytes: int) -> 
     """
     if max_bytes <= 0 or len(tokens) < 2:
         return tokens
-    covered = np.cumsum(token_bytes[tokens[1:]])
-    targets = int(np.searchsorted(covered, max_bytes)) + 1
-    return tokens[: targets + 1]
+    covered = 0  # bytes of the predicted tokens before ``start``, scanned a chunk at a time
+    for start in range(1, len(tokens), SCAN_CHUNK):  # (a memory-mapped stream stays on disk)
+        cumulative = covered + np.cumsum(token_bytes[tokens[start : start + SCAN_CHUNK]])
+        if cumulative[-1] >= max_bytes:
+            targets = start + int(np.searchsorted(cumulative, max_bytes))
+            return tokens[: targets + 1]
+        covered = int(cumulative[-1])
+    return tokens
 
 
 @torch.no_grad()

@@ -26,13 +26,7 @@ from transformers import PreTrainedModel
 from dept.budget import Device, check_client_fits, check_source_fits, embedding_params, vocab_key
 from dept.compression import compress_with_feedback, encode
 from dept.config import DeptConfig
-from dept.data import (
-    StreamPosition,
-    TokenizedSource,
-    load_source_text,
-    tokenize_source,
-    training_batches,
-)
+from dept.data import StreamPosition, TokenizedSource, training_batches
 from dept.devices import resolve_device
 from dept.distributed import round_job, train_on_ranks
 from dept.evaluate import EvalResult, evaluate_stream
@@ -42,20 +36,14 @@ from dept.model import (
     load_tensors,
     position_count,
 )
+from dept.prepare import prepare_source
 from dept.ranks import OneProcess
 from dept.sharing import own_parameters, shared_parameters, shared_state
 from dept.sources import SourceSpec
 from dept.synthetic import oracle_bpb
 from dept.train import TrainStats, make_inner_optimizer, max_round_update, train_local
 from dept.variants import variant
-from dept.vocab import (
-    VocabMap,
-    check_fits,
-    load_tokenizer,
-    source_vocabulary,
-    token_byte_lengths,
-    tokenizer_digest,
-)
+from dept.vocab import VocabMap, source_vocabulary, token_byte_lengths
 from dept.workspace import (
     EMBEDDINGS_FILE,
     OPTIMIZER_FILE,
@@ -64,9 +52,7 @@ from dept.workspace import (
     FoundState,
     SourceState,
     Workspace,
-    global_tokenizer,
     init_embeddings,
-    own_tokenizer,
 )
 
 log = logging.getLogger(__name__)
@@ -96,21 +82,11 @@ class SourceClient:
         self.device = resolve_device(cfg.device)
         device = Device.here(self.device.type)
         check_source_fits(cfg, spec, device)  # before any real work
-        text = load_source_text(spec, workspace.cache, cfg.seed)
-        if self.variant.own_tokenizer:
-            tok_path = own_tokenizer(spec, text, workspace.cache, cfg.seed)
-        else:
-            tok_path = global_tokenizer_file or global_tokenizer(
-                all_sources or [spec], cfg.global_vocab_size, workspace.cache, cfg.seed
-            )
-        self.tokenizer_file = tok_path
-        self.tokenizer = load_tokenizer(tok_path)
-        self.tokenizer_digest = tokenizer_digest(tok_path)
-        if self.variant.shares_embeddings:  # its ids index the server's global φ
-            check_fits(self.tokenizer, tok_path, cfg.global_vocab_size)
-        self.tokens: TokenizedSource = tokenize_source(
-            text, self.tokenizer, self.tokenizer_digest, workspace.cache / "tokens" / spec.name
-        )
+        prepared = prepare_source(cfg, spec, workspace.cache, all_sources, global_tokenizer_file)
+        text, self.tokenizer = prepared.text, prepared.tokenizer
+        self.tokenizer_file = prepared.tokenizer_file
+        self.tokenizer_digest = prepared.tokenizer_digest
+        self.tokens: TokenizedSource = prepared.tokens
         self.token_bytes = token_byte_lengths(self.tokenizer)
         self.vocab_map = self._vocab_map() if self.variant.local_rows else None
         check_client_fits(cfg, self.vocab_size, vocab_key(cfg, spec), device, spec.nproc)

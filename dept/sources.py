@@ -10,9 +10,16 @@ A sources file is YAML, either a list of entries or a mapping with a ``sources:`
         path: hf:wikimedia/wikipedia         # a Hugging Face dataset
         config: 20231101.fr
         streaming: true
-        max-train-bytes: 50000000
+        max-train-bytes: 50000000           # the first 50 MB of its training text
+        tokenizer-sample-bytes: 16000000    # a seeded 16 MB sample trains its tokenizer
 
 Relative ``path`` values resolve against the folder of the sources file.
+
+``tokenizer-sample-bytes`` bounds the text a tokenizer is trained on: a seeded sample of
+the source's training documents (all of them where they fit), for its own tokenizer
+(SPEC-OPT); for the run's global one each source gives at most this and an equal share of
+:data:`GLOBAL_SAMPLE_BYTES`. Tokenizing the whole source streams it through shards on disk
+(:mod:`dept.data`), so neither needs memory that grows with the source.
 """
 
 from __future__ import annotations
@@ -43,6 +50,7 @@ PREFIXED_KINDS = {HF_PREFIX: "hf", BUILTIN_PREFIX: "builtin"}
 LOCAL_KINDS = ("dir", "files")  # on this machine: resolved against the sources file, checked early
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 SAMPLE_BY = ("line", "paragraph", "document")
+GLOBAL_SAMPLE_BYTES = 8_000_000  # the global tokenizer's sample, shared equally by sources
 
 
 @dataclass
@@ -61,6 +69,7 @@ class SourceSpec:
     max_train_bytes: int = 0
     sample_by: str = "paragraph"
     nproc: int = 1  # processes (GPUs) its training is split over (:mod:`dept.distributed`)
+    tokenizer_sample_bytes: int = 32_000_000
 
     def __post_init__(self) -> None:
         where = f"source {self.name!r}"
@@ -80,6 +89,8 @@ class SourceSpec:
             raise ConfigError(f"{where}: 'max-train-bytes' must be >= 0")
         if self.nproc < 1:
             raise ConfigError(f"{where}: 'nproc' must be >= 1")
+        if self.tokenizer_sample_bytes <= 0:
+            raise ConfigError(f"{where}: 'tokenizer-sample-bytes' must be > 0")
 
     @property
     def kind(self) -> str:

@@ -8,7 +8,7 @@ bits-per-byte needs.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from pathlib import Path
 
 import numpy as np
@@ -20,11 +20,14 @@ EOS_TOKEN = "<|endoftext|>"
 SPECIAL_TOKENS = (EOS_TOKEN,)
 TOKENIZER_FILE = "tokenizer.json"
 MIN_VOCAB_SIZE = 256 + len(SPECIAL_TOKENS) + 1
-TRAIN_SAMPLE_BYTES = 32_000_000
+VOCAB_CHUNK = 1 << 22  # token ids counted at a time when finding V_k
 
 
 def train_tokenizer(texts: Iterable[str], vocab_size: int, out_dir: Path) -> Path:
-    """Train a byte-level BPE tokenizer on ``texts`` and write ``out_dir/tokenizer.json``."""
+    """Train a byte-level BPE tokenizer on ``texts`` and write ``out_dir/tokenizer.json``.
+
+    ``texts`` must be bounded by the caller (:func:`dept.data.text_sample`): the trainer
+    holds what it has read."""
     if vocab_size < MIN_VOCAB_SIZE:
         raise ValueError(f"vocab-size {vocab_size} is below the minimum {MIN_VOCAB_SIZE}")
     tokenizer = Tokenizer(models.BPE())
@@ -37,22 +40,13 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int, out_dir: Path) -> Pat
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tokenizer.train_from_iterator(_capped(texts, TRAIN_SAMPLE_BYTES), trainer=trainer)
+    tokenizer.train_from_iterator(texts, trainer=trainer)
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / TOKENIZER_FILE
     tmp = path.with_suffix(".tmp")
     tokenizer.save(str(tmp))
     tmp.replace(path)
     return path
-
-
-def _capped(texts: Iterable[str], max_bytes: int) -> Iterator[str]:
-    seen = 0
-    for text in texts:
-        yield text
-        seen += len(text.encode("utf-8"))
-        if seen >= max_bytes:
-            return
 
 
 def ensure_tokenizer(out_dir: Path, vocab_size: int, texts: Iterable[str]) -> Path:
@@ -102,9 +96,16 @@ def token_byte_lengths(tokenizer: PreTrainedTokenizerFast) -> np.ndarray:
 
 
 def source_vocabulary(train_ids: np.ndarray, tokenizer: PreTrainedTokenizerFast) -> np.ndarray:
-    """V_k: the sorted global ids that occur in a source's training tokens, plus specials."""
-    specials = np.asarray(tokenizer.all_special_ids, dtype=np.int64)
-    return np.union1d(np.unique(train_ids.astype(np.int64)), specials)
+    """V_k: the sorted global ids that occur in a source's training tokens, plus specials.
+
+    Counted chunk by chunk, so a memory-mapped stream of any length is never loaded whole.
+    """
+    seen = np.zeros(len(tokenizer), dtype=bool)
+    for start in range(0, len(train_ids), VOCAB_CHUNK):
+        counts = np.bincount(train_ids[start : start + VOCAB_CHUNK], minlength=len(seen))
+        seen |= counts[: len(seen)] > 0
+    seen[np.asarray(tokenizer.all_special_ids, dtype=np.int64)] = True
+    return np.flatnonzero(seen).astype(np.int64)
 
 
 class VocabMap:

@@ -3,7 +3,8 @@
 Layout under the node's state root (``state-dir``)::
 
     cache/tokenizers/<name>-<hash>/tokenizer.json   trained once, reused by every run
-    cache/tokens/<name>/tokens-<hash>.npz           tokenized splits
+    cache/tokens/<name>/tokens-<hash>/              tokenized splits (train.bin,
+                                                    validation.bin, meta.json), memory-mapped
     cache/synthetic/...                             generated built-in corpora
     runs/<run-id>/<source>/vocab_ids.npy            V_k (SPEC, TRIM)
     runs/<run-id>/<source>/round-0007/              the source's state after training round 7:
@@ -25,7 +26,6 @@ before it, and the reason is kept so the source can report it.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -43,10 +43,11 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file
 
-from dept.data import SourceText, StreamPosition, load_source_text
+from dept.data import SourceText, StreamPosition, load_source_text, text_sample
 from dept.files import save_tensors
+from dept.fingerprint import digest
 from dept.model import INIT_STD
-from dept.sources import SourceSpec
+from dept.sources import GLOBAL_SAMPLE_BYTES, SourceSpec
 from dept.vocab import ensure_tokenizer
 
 EMBEDDINGS_FILE = "embeddings.safetensors"
@@ -76,8 +77,9 @@ def default_state_root() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "dept"
 
 
-def spec_digest(*parts: Any) -> str:
-    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:12]
+def cache_dir(root: Path) -> Path:
+    """Where a node keeps what every run may reuse: tokenizers, token streams, corpora."""
+    return root / "cache"
 
 
 class Workspace:
@@ -85,7 +87,7 @@ class Workspace:
 
     def __init__(self, root: Path, run_id: str, source: str) -> None:
         self.root = root
-        self.cache = root / "cache"
+        self.cache = cache_dir(root)
         self.dir = root / "runs" / run_id / source
         self.dir.mkdir(parents=True, exist_ok=True)
 
@@ -251,39 +253,35 @@ def init_embeddings(
 
 
 def own_tokenizer(spec: SourceSpec, text: SourceText, cache: Path, seed: int) -> Path:
-    """SPEC-OPT: the source's own tokenizer, trained on its training text once.
+    """SPEC-OPT: the source's own tokenizer, trained once on a seeded sample of its training
+    text of at most ``tokenizer-sample-bytes``.
 
-    Keyed by the training documents' fingerprint (what they are, not where they came from),
-    so edited data or a different validation split gets a new tokenizer.
+    Keyed by what the documents are (:attr:`SourceText.key`: content, not where they lie),
+    so edited data or a different validation split gets a new tokenizer, a moved one not.
     """
-    key = spec_digest(text.train._fingerprint, spec.vocab_size, seed)
+    size = spec.tokenizer_sample_bytes
+    key = digest(text.key, spec.vocab_size, seed, size)
     return ensure_tokenizer(
-        cache / "tokenizers" / f"{spec.name}-{key}", spec.vocab_size, _texts(text.train)
+        cache / "tokenizers" / f"{spec.name}-{key}",
+        spec.vocab_size,
+        text_sample(text.train, size, seed),
     )
 
 
 def global_tokenizer(specs: list[SourceSpec], vocab_size: int, cache: Path, seed: int) -> Path:
     """SPEC/GLOB/TRIM: one tokenizer trained on every source's training text.
 
-    Each source contributes an equal share of the training sample, so a large source does not
-    crowd the others out of the vocabulary.
+    Each source contributes an equal share of the training sample (at most its
+    ``tokenizer-sample-bytes``), so a large source does not crowd the others out of the
+    vocabulary.
     """
-    trains = [load_source_text(spec, cache, seed).train for spec in specs]
-    key = spec_digest([t._fingerprint for t in trains], vocab_size, seed)
+    texts = [load_source_text(spec, cache, seed) for spec in specs]
+    shares = [min(s.tokenizer_sample_bytes, GLOBAL_SAMPLE_BYTES // len(specs)) for s in specs]
+    key = digest([t.key for t in texts], vocab_size, seed, shares)
     out = cache / "tokenizers" / f"global-{key}"
 
-    def texts() -> Iterator[str]:
-        for train in trains:
-            yield from _texts(train, 8_000_000 // len(specs))
+    def sample() -> Iterator[str]:
+        for text, share in zip(texts, shares, strict=True):
+            yield from text_sample(text.train, share, seed)
 
-    return ensure_tokenizer(out, vocab_size, texts())
-
-
-def _texts(table: Any, max_bytes: int = 0) -> Iterator[str]:
-    size = 0
-    for start in range(0, len(table), 1000):
-        for text in table[start : start + 1000]["text"]:
-            yield text
-            size += len(text.encode("utf-8"))
-            if max_bytes and size >= max_bytes:
-                return
+    return ensure_tokenizer(out, vocab_size, sample())

@@ -38,11 +38,13 @@ COMMANDS: dict[str, Command] = {
     "cpt": Command("dept_cli.cpt", "continued pre-training of DEPT and STD bodies on a new source"),
     "certs": Command("dept.certificates", "TLS certificates and SuperNode keys for a deployment"),
     "models": Command("dept_cli.models", "the model families and sizes, with parameter counts"),
+    "prepare": Command("dept_cli.prepare", "tokenize a node's sources ahead of a run"),
 }
 EXAMPLES = """examples:
   dept run                                  # the default federation, offline
   dept run -c "variant='spec' model='debug'"
   dept models
+  dept prepare --node-config "source=de path=/data/de"   # tokenize before the run
   dept export outputs/dept --source synth-greek --out models/synth-greek
   dept run --help                           # every subcommand has its own help
 """

@@ -1,4 +1,5 @@
 import json
+import shutil
 from pathlib import Path
 
 import datasets
@@ -7,12 +8,14 @@ import pyarrow as pa
 import pytest
 from datasets.exceptions import DatasetGenerationError
 
+import dept.shards
 from dept.data import (
     SourceText,
     StreamPosition,
     block,
     load_source_text,
     num_blocks,
+    text_sample,
     tokenize_source,
     training_batches,
 )
@@ -93,7 +96,57 @@ def test_tokenized_cache_is_reused_and_documents_end_with_eos(tmp_path: Path) ->
     assert (tokens.validation == tok.eos_token_id).sum() == len(text.validation)
     assert tokens.validation[-1] == tok.eos_token_id
     again = tokenize_source(text, tok, tokenizer_digest(tok_path), cache)
-    assert np.array_equal(tokens.train, again.train) and len(list(cache.glob("*.npz"))) == 1
+    assert np.array_equal(tokens.train, again.train) and len(list(cache.glob("tokens-*/"))) == 1
+    assert isinstance(again.train, np.memmap) and again.train.dtype == np.uint16
+
+
+def test_caches_follow_the_content_not_the_path(tmp_path: Path) -> None:
+    """A moved (or copied) corpus finds its tokens again; an edited one does not."""
+    folder = ensure_synthetic_corpus("greek", 0, tmp_path / "a", train_bytes=20_000)
+    moved = tmp_path / "elsewhere" / "greek"
+    shutil.copytree(folder, moved)
+    keys = [
+        load_source_text(SourceSpec(name="g", path=str(f)), tmp_path, 0).key
+        for f in (folder, moved)
+    ]
+    assert keys[0] == keys[1]
+    with (moved / "train.txt").open("a") as f:
+        f.write("\n\nμία ακόμη")
+    assert load_source_text(SourceSpec(name="g", path=str(moved)), tmp_path, 0).key != keys[0]
+    capped = SourceSpec(name="g", path=str(folder), max_train_bytes=5_000)
+    assert load_source_text(capped, tmp_path, 0).key != keys[0], "reading options count too"
+
+
+def test_max_train_bytes_cuts_where_counting_each_document_would(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(dept.shards, "ENCODE_BYTES", 500)  # many Arrow batches
+    rows = [{"text": f"{'ü' * (i % 13)} line {i} " + "x" * (i % 31)} for i in range(600)]
+    path = tmp_path / "docs.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    whole = load_source_text(SourceSpec(name="d", path=str(path)), tmp_path / "c", 0)
+    sizes = np.cumsum([len(t.encode("utf-8")) for t in whole.train["text"]])
+    for cap in (1, int(sizes[0]), int(sizes[0]) + 1, 4_321, int(sizes[-1]), 10**9):
+        spec = SourceSpec(name="d", path=str(path), max_train_bytes=cap)
+        train = load_source_text(spec, tmp_path / "c", 0).train
+        expected = max(1, int(np.searchsorted(sizes, cap)))
+        assert train["text"] == whole.train["text"][:expected], cap
+
+
+def test_the_tokenizer_sample_is_bounded_seeded_and_in_order(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(dept.shards, "ENCODE_BYTES", 2_000)
+    docs = [f"document {i} " * (1 + i % 5) for i in range(2_000)]
+    table = datasets.Dataset.from_dict({"text": docs})
+    assert list(text_sample(table, 10**9, seed=0)) == docs, "all of a source that fits"
+    sample = list(text_sample(table, 20_000, seed=0))
+    size = sum(len(d.encode()) for d in sample)
+    assert 18_000 <= size < 20_000 + 100, "about the bound, never past its last document"
+    positions = [docs.index(d) for d in sample]
+    assert positions == sorted(positions) and positions[-1] > len(docs) // 2, "spread, in order"
+    assert sample == list(text_sample(table, 20_000, seed=0))
+    assert sample != list(text_sample(table, 20_000, seed=1))
 
 
 def test_synthetic_languages_share_grammar_and_know_their_entropy(tmp_path: Path) -> None:
@@ -112,7 +165,7 @@ def test_text_spelling_the_eos_token_is_not_a_boundary(tmp_path: Path) -> None:
     tok_path = train_tokenizer(docs, 300, tmp_path / "tok")
     tok = load_tokenizer(tok_path)
     table = datasets.Dataset.from_dict({"text": docs})
-    text = SourceText(table, table)
+    text = SourceText(table, table, key="eos-text")
     tokens = tokenize_source(text, tok, tokenizer_digest(tok_path), tmp_path / "cache")
     assert (tokens.train == tok.eos_token_id).sum() == 2, "one EOS per document only"
 

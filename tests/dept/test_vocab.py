@@ -3,6 +3,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import dept.vocab
 from dept.vocab import (
     EOS_TOKEN,
     VocabMap,
@@ -57,3 +58,15 @@ def test_vocab_map_keeps_used_ids_and_one_other_row(tmp_path: Path) -> None:
     outside = np.setdiff1d(np.arange(len(tok)), kept)[:3]
     assert (vmap.to_local(outside) == vmap.other_row).all()
     assert vmap.num_outside == len(tok) - len(kept)
+
+
+def test_source_vocabulary_counts_a_mapped_stream_chunk_by_chunk(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(dept.vocab, "VOCAB_CHUNK", 7)
+    tok = load_tokenizer(train_tokenizer(TEXTS, 400, tmp_path))
+    ids = np.asarray(tok.encode(" ".join(TEXTS[:2]), add_special_tokens=False), dtype=np.uint16)
+    ids.tofile(tmp_path / "train.bin")
+    mapped = np.memmap(tmp_path / "train.bin", dtype=np.uint16, mode="r")
+    expected = np.union1d(np.unique(ids), tok.all_special_ids)
+    assert np.array_equal(source_vocabulary(mapped, tok), expected)

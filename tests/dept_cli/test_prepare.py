@@ -1,0 +1,54 @@
+"""``dept prepare``: a node's sources tokenized ahead of a run, found again by its client."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from dept.config import load_config
+from dept.source_client import SourceClient
+from dept.sources import load_sources
+from dept.synthetic import ensure_synthetic_corpus
+from dept.workspace import Workspace
+from dept_cli.main import main
+from dept_cli.prepare import prepare_node
+from tests.helpers import debug_run_config, synthetic_sources
+
+
+def test_the_client_finds_what_prepare_made(tmp_path: Path) -> None:
+    sources = synthetic_sources(tmp_path, "latin", "greek")
+    cfg = load_config(debug_run_config(tmp_path, variant="spec", **{"sources-file": str(sources)}))
+    prepared = prepare_node(cfg, {"partition-id": 0, "num-partitions": 1})
+    assert [p.spec.name for p in prepared] == ["synth-latin", "synth-greek"]
+    cache = Path(cfg.state_dir) / "cache" / "tokens"
+    folders = sorted(cache.glob("*/tokens-*/meta.json"))
+    assert len(folders) == 2 and len({p.source.tokenizer_file for p in prepared}) == 1, "global"
+    specs = load_sources(sources)
+    client = SourceClient(
+        cfg, specs[1], Workspace(Path(cfg.state_dir), "run1", "synth-greek"), specs
+    )
+    assert sorted(cache.glob("*/tokens-*/meta.json")) == folders, "nothing tokenized again"
+    assert np.array_equal(client.tokens.train, prepared[1].source.tokens.train)
+
+
+def test_a_deployment_node_config_prepares_its_one_source(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    folder = ensure_synthetic_corpus("cyrillic", 0, tmp_path / "data", train_bytes=30_000)
+    state = tmp_path / "node-state"
+    node = f'source="cyr" path="{folder}" vocab-size=400 state-dir="{state}"'
+    code = main(["prepare", "-c", "variant='spec-opt' model='debug'", "--node-config", node])
+    out = capsys.readouterr().out
+    assert code == 0 and out.startswith("cyr: ") and "(uint16)" in out
+    assert list((state / "cache" / "tokens" / "cyr").glob("tokens-*/train.bin"))
+
+
+def test_an_unknown_source_is_named(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    sources = synthetic_sources(tmp_path, "latin")
+    overrides = f"sources-file='{sources}' state-dir='{tmp_path / 'state'}'"
+    assert main(["prepare", "-c", overrides, "--source", "nope"]) == 2
+    assert "--source nope: the node serves synth-latin" in capsys.readouterr().err
+    assert main(["prepare", "--node-config", "source=a path"]) == 2
+    assert "dept prepare: error: The provided configuration" in capsys.readouterr().err
