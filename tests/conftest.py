@@ -14,6 +14,31 @@ from dept.logs import PROJECT_LOGGERS
 from tests.helpers import debug_run_config, held_elsewhere
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """``gpu`` tests are skipped where no CUDA device is visible. Asking here, before any
+    test hides CUDA (:func:`_cpu_unless_marked_gpu`), also starts CUDA with the real
+    ``CUDA_VISIBLE_DEVICES``, so the ``gpu`` tests see the GPUs whatever ran before them."""
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device")
+    for item in items:
+        if item.get_closest_marker("gpu"):
+            item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def _cpu_unless_marked_gpu(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every test but a ``gpu`` one runs on the CPU, even on a GPU machine: ``device='auto'``
+    (a benchmark's, a CLI's or a run config's default) finds no CUDA in this process, nor in
+    any process the test starts. What the tests expect of the numbers (a re-run round equal
+    bit for bit, float32 throughout) is what the CPU gives; CUDA's variants say their own."""
+    if request.node.get_closest_marker("gpu"):
+        return
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+
+
 @pytest.fixture(autouse=True)
 def _one_torch_thread() -> None:
     """Every test starts with one torch thread, whatever ran before it (``dept compare`` sets
