@@ -17,7 +17,6 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import cast
 
 import numpy as np
 import torch
@@ -152,6 +151,7 @@ class SourceClient:
             self.cfg.seq_len,
             tie_embeddings=self.cfg.tie_embeddings,
             seed=self.cfg.seed,
+            device=self.device,
         )
         embeddings = embedding_parameters(model)
         whole = {
@@ -170,7 +170,7 @@ class SourceClient:
             for name, param in embeddings.items():
                 if shared:
                     param[:shared].copy_(arrays[name])
-        return cast(PreTrainedModel, model.to(self.device))  # type: ignore[arg-type]
+        return model
 
     def state(self, before_round: int, attempt: Attempt | None = None) -> FoundState:
         """The source's newest usable saved state before ``before_round``, checked to belong
