@@ -107,10 +107,26 @@ class SourceClient:
         self.tokens: TokenizedSource = tokenize_source(
             text, self.tokenizer, self.tokenizer_digest, workspace.cache / "tokens" / spec.name
         )
+        self._check_token_ids(tok_path)
         self.token_bytes = token_byte_lengths(self.tokenizer)
         self.vocab_map = self._vocab_map() if self.variant.local_rows else None
         check_client_fits(cfg, self.vocab_size, vocab_key(cfg, spec), device)  # exact rows
         self.oracle_bpb = oracle_bpb(text.folder) if text.folder else None
+
+    def _check_token_ids(self, tok_path: Path) -> None:
+        """Every id of the token stream must have a row: an id past the embedding is a clean
+        IndexError on the CPU, but on CUDA a device-side assert, after which every later
+        message to the same worker (a Ray actor) fails too. Checked here, once, on the CPU."""
+        size = len(self.tokenizer)  # SPEC, TRIM map these ids to rows; GLOB has more rows
+        for split, ids in (("train", self.tokens.train), ("validation", self.tokens.validation)):
+            if ids.size == 0 or 0 <= ids.min() <= ids.max() < size:  # no copy of a big stream
+                continue
+            bad = ids[(ids < 0) | (ids >= size)][0]
+            raise ValueError(
+                f"source {self.spec.name!r}: token id {int(bad)} in its {split} tokens "
+                f"is outside its tokenizer's vocabulary of {size} ids ({tok_path}): the "
+                "tokenizer's ids are not contiguous, or the tokens came from another one"
+            )
 
     def _vocab_map(self) -> VocabMap:
         ids = self.ws.load_vocab_ids()

@@ -4,8 +4,10 @@ from pathlib import Path
 import pytest
 import torch
 
+import dept.source_client
 from dept.compression import decode, encode, payload_keys
 from dept.config import load_config
+from dept.data import TokenizedSource
 from dept.model import body_state, build_model, embedding_parameters
 from dept.source_client import SourceClient
 from dept.sources import load_sources
@@ -150,3 +152,25 @@ def test_a_damaged_or_lost_state_is_reported_never_silent(tmp_path: Path) -> Non
     assert lost == "fresh embeddings in round 4: state lost (no saved state)"
     _, evaluated = client.evaluate(body, server_round=4, last_trained=4)
     assert evaluated == "", "round 4's own state is there again"
+
+
+@pytest.mark.parametrize("variant", ["spec-opt", "glob", "trim"])
+def test_a_token_id_without_a_row_is_refused_on_the_cpu(
+    tmp_path: Path, variant: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On CUDA such an id would be a device-side assert that breaks the worker for good."""
+    size = len(_client(tmp_path, variant).tokenizer)
+    tokenize = dept.source_client.tokenize_source
+
+    def with_a_bad_id(*args: object) -> TokenizedSource:
+        tokens = tokenize(*args)  # type: ignore[arg-type]
+        tokens.validation[5] = size  # one past the last id
+        return tokens
+
+    monkeypatch.setattr(dept.source_client, "tokenize_source", with_a_bad_id)
+    with pytest.raises(ValueError) as refused:
+        _client(tmp_path, variant)
+    assert str(refused.value).startswith(
+        f"source 'synth-greek': token id {size} in its validation tokens is outside its "
+        f"tokenizer's vocabulary of {size} ids"
+    )
