@@ -19,8 +19,8 @@ from dept.config import DeptConfig, to_run_config
 
 # A test parametrized over these runs on the CPU, and on CUDA where there is one.
 DEVICES = ("cpu", pytest.param("cuda", marks=pytest.mark.gpu))
-# How far the same training may drift on CUDA between two runs: its bf16 autocast and the
-# atomics of SDPA's backward add in a different order each run, and AdamW carries that into
+# How far the same training may drift on CUDA between two runs: SDPA's backward adds with
+# atomics, in a different order each run, bf16 autocast widens that, and AdamW carries it into
 # every later step. The CPU's kernels are deterministic (one thread here), so there equal
 # inputs give equal bits. These bounds are not measured yet: no GPU was at hand.
 CUDA_TOLERANCE = {"rtol": 1e-2, "atol": 1e-3}
