@@ -21,7 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -57,14 +57,16 @@ class FinishedRun:
 
 
 def load_run(run_dir: Path) -> FinishedRun:
-    """The config, run id and final tensors a finished run left in its output folder."""
+    """The config, run id and final tensors a finished run left in its output folder. The
+    config's ``device`` becomes ``cpu``: an export builds the model on the CPU and saves it
+    from there, wherever the run trained (a ``cuda`` run exports on a machine without one)."""
     for name in ("config.json", "summary.json", "body.safetensors"):
         if not (run_dir / name).is_file():
             raise ConfigError(
                 f"{run_dir / name} is missing: export needs a finished run's output-dir "
                 "(resume an interrupted run with resume=true first)"
             )
-    cfg = load_config(json.loads((run_dir / "config.json").read_text()))
+    cfg = replace(load_config(json.loads((run_dir / "config.json").read_text())), device="cpu")
     summary = json.loads((run_dir / "summary.json").read_text())
     embeddings_file = run_dir / "embeddings.safetensors"
     return FinishedRun(
@@ -110,7 +112,7 @@ def export_source(
     ids = client.shared_ids
     for name, value in run.embeddings.items():
         arrays[name] = value if ids is None else value[torch.from_numpy(ids)]
-    local = client.model(arrays, state).cpu()
+    local = client.model(arrays, state)
     model, suppressed = _on_tokenizer_ids(local, client, run.cfg)
     quality = run.summary.get("sources", {}).get(source, {})
     _save(model, client.tokenizer, out, suppressed, run.cfg, f"source `{source}`", quality)

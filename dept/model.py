@@ -223,11 +223,18 @@ def build_model(
     *,
     tie_embeddings: bool = True,
     seed: int = 0,
+    device: torch.device | str | None = None,
 ) -> PreTrainedModel:
-    """A freshly initialised model; the same ``seed`` gives the same θ for any vocabulary."""
+    """A freshly initialised model; the same ``seed`` gives the same θ for any vocabulary.
+
+    It is built on ``device`` (default: torch's default device), so a CUDA model is never a
+    CPU copy first. Its draws come from that device's generator: the same θ on every CPU,
+    another on CUDA (a client's are all replaced by the server's θ and its own φ_k)."""
     config = build_config(name, vocab_size, max_seq_len, tie_embeddings)
     family = model_choice(name).family
-    with torch.random.fork_rng(devices=[]):
+    where = torch.device(device) if device is not None else torch.get_default_device()
+    forked = [where] if where.type == "cuda" else []  # the generator drawn from, left as it was
+    with torch.random.fork_rng(devices=forked), where:
         torch.manual_seed(seed)
         model = family.model_class(config)
         torch.manual_seed(seed)  # θ from its own seed, whatever the vocabulary drew

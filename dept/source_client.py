@@ -17,7 +17,6 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import cast
 
 import numpy as np
 import torch
@@ -87,10 +86,26 @@ class SourceClient:
         self.tokenizer_file = prepared.tokenizer_file
         self.tokenizer_digest = prepared.tokenizer_digest
         self.tokens: TokenizedSource = prepared.tokens
+        self._check_token_ids(prepared.tokenizer_file)
         self.token_bytes = token_byte_lengths(self.tokenizer)
         self.vocab_map = self._vocab_map() if self.variant.local_rows else None
         check_client_fits(cfg, self.vocab_size, vocab_key(cfg, spec), device, spec.nproc)
         self.oracle_bpb = oracle_bpb(text.folder) if text.folder else None
+
+    def _check_token_ids(self, tok_path: Path) -> None:
+        """Every id of the token stream must have a row: an id past the embedding is a clean
+        IndexError on the CPU, but on CUDA a device-side assert, after which every later
+        message to the same worker (a Ray actor) fails too. Checked here, once, on the CPU."""
+        size = len(self.tokenizer)  # SPEC, TRIM map these ids to rows; GLOB has more rows
+        for split, ids in (("train", self.tokens.train), ("validation", self.tokens.validation)):
+            if ids.size == 0 or 0 <= ids.min() <= ids.max() < size:  # no copy of a big stream
+                continue
+            bad = ids[(ids < 0) | (ids >= size)][0]
+            raise ValueError(
+                f"source {self.spec.name!r}: token id {int(bad)} in its {split} tokens "
+                f"is outside its tokenizer's vocabulary of {size} ids ({tok_path}): the "
+                "tokenizer's ids are not contiguous, or the tokens came from another one"
+            )
 
     def _vocab_map(self) -> VocabMap:
         ids = self.ws.load_vocab_ids()
@@ -131,6 +146,7 @@ class SourceClient:
             self.cfg.seq_len,
             tie_embeddings=self.cfg.tie_embeddings,
             seed=self.cfg.seed,
+            device=self.device,
         )
         embeddings = embedding_parameters(model)
         whole = {
@@ -149,7 +165,7 @@ class SourceClient:
             for name, param in embeddings.items():
                 if shared:
                     param[:shared].copy_(arrays[name])
-        return cast(PreTrainedModel, model.to(self.device))  # type: ignore[arg-type]
+        return model
 
     def state(self, before_round: int, attempt: Attempt | None = None) -> FoundState:
         """The source's newest usable saved state before ``before_round``, checked to belong

@@ -111,7 +111,7 @@ def train_local(
     for local_step in range(cfg.local_steps):
         for group in optimizer.param_groups:
             group["lr"] = lr_at(start_step + local_step, cfg)
-        step_loss = _accumulate(model, batches, cfg, progress, local_step)
+        step_loss = _accumulate(model, batches, cfg, progress, local_step).item()  # one sync
         if cfg.grad_clip > 0:
             torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
         optimizer.step()
@@ -133,16 +133,18 @@ def _accumulate(
     cfg: DeptConfig,
     progress: Progress,
     local_step: int,
-) -> float:
-    """Forward and backward ``cfg.grad_accum_steps`` micro-batches; the step's loss."""
+) -> torch.Tensor:
+    """Forward and backward ``cfg.grad_accum_steps`` micro-batches; the step's loss, summed
+    on the model's device: reading each micro-batch's loss would make the host wait for the
+    GPU every micro-batch, where once a step is enough."""
     device = next(model.parameters()).device
-    step_loss = 0.0
+    step_loss = torch.zeros((), device=device)
     for micro in range(cfg.grad_accum_steps):
         batch = torch.from_numpy(next(batches)).to(device, dtype=torch.long, non_blocking=True)
         with autocast(device):
             loss = next_token_loss(model, batch) / cfg.grad_accum_steps
         loss.backward()
-        step_loss += loss.item()
+        step_loss += loss.detach()
         progress.micro_batch_done(batch.shape[0] * (batch.shape[1] - 1), local_step, micro)
     return step_loss
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -12,6 +13,49 @@ import torch
 from dept.config import DeptConfig, load_config
 from dept.logs import PROJECT_LOGGERS
 from tests.helpers import debug_run_config, held_elsewhere
+
+# The real answers, for the ``gpu`` tests (the others are given none: :func:`_no_cuda`).
+CUDA_FUNCTIONS = {"is_available": torch.cuda.is_available, "device_count": torch.cuda.device_count}
+VISIBLE = "CUDA_VISIBLE_DEVICES"
+REAL_VISIBLE = os.environ.get(VISIBLE)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """``gpu`` tests are skipped where no CUDA device is visible. Where one is, CUDA starts
+    here, before :func:`_no_cuda` hides it: started, it keeps the GPUs it found."""
+    if torch.cuda.is_available():
+        torch.cuda.init()
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device")
+    for item in items:
+        if item.get_closest_marker("gpu"):
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _no_cuda() -> Iterator[None]:
+    """The tests run on the CPU, even on a GPU machine: ``device='auto'`` (a benchmark's, a
+    CLI's or a run config's default) finds no CUDA in this process, nor in any process a
+    test starts. What the tests expect of the numbers (a re-run round equal bit for bit,
+    float32 throughout) is what the CPU gives; the ``gpu`` tests get CUDA back."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(torch.cuda, "is_available", lambda: False)
+        patch.setattr(torch.cuda, "device_count", lambda: 0)
+        patch.setenv(VISIBLE, "")
+        yield
+
+
+@pytest.fixture(autouse=True)
+def _cuda_for_gpu_tests(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A ``gpu`` test sees the GPUs, as do the processes it starts."""
+    if not request.node.get_closest_marker("gpu"):
+        return
+    for name, real in CUDA_FUNCTIONS.items():
+        monkeypatch.setattr(torch.cuda, name, real)
+    if REAL_VISIBLE is None:
+        monkeypatch.delenv(VISIBLE)
+    else:
+        monkeypatch.setenv(VISIBLE, REAL_VISIBLE)
 
 
 @pytest.fixture(autouse=True)

@@ -1,4 +1,4 @@
-"""Test helpers: a tiny valid run config, and the shared corpora where present."""
+"""Test helpers: a tiny valid run config, the devices tests run on, and the shared corpora."""
 
 from __future__ import annotations
 
@@ -6,15 +6,24 @@ import contextlib
 import os
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 from flwr.app import ConfigRecord, Error, Message, RecordDict
 
 from dept import keys
 from dept.config import DeptConfig, to_run_config
+
+# A test parametrized over these runs on the CPU, and on CUDA where there is one.
+DEVICES = ("cpu", pytest.param("cuda", marks=pytest.mark.gpu))
+# How far the same training may drift on CUDA between two runs: SDPA's backward adds with
+# atomics, in a different order each run, bf16 autocast widens that, and AdamW carries it into
+# every later step. The CPU's kernels are deterministic (one thread here), so there equal
+# inputs give equal bits. These bounds are not measured yet: no GPU was at hand.
+CUDA_TOLERANCE = {"rtol": 1e-2, "atol": 1e-3}
 
 # ../shared/corpora beside the checkout; DEPT_CORPORA points elsewhere.
 CORPORA = Path(
@@ -23,12 +32,14 @@ CORPORA = Path(
 
 
 def debug_run_config(tmp_path: Path, cache: Path | None = None, **overrides: Any) -> dict[str, Any]:
-    """A complete, valid run config for the ``debug`` preset writing under ``tmp_path``;
-    with ``cache`` (the ``node_cache`` fixture) its nodes share that cache (:func:`share_cache`)."""
+    """A complete, valid run config for the ``debug`` preset on the CPU, writing under
+    ``tmp_path``; with ``cache`` (the ``node_cache`` fixture) its nodes share that cache
+    (:func:`share_cache`). ``device='cuda'`` is for ``gpu`` tests."""
     config = to_run_config(DeptConfig())
     config.update(
         {
             "model": "debug",
+            "device": "cpu",
             "seq-len": 64,
             "batch-size": 4,
             "num-server-rounds": 2,
@@ -47,6 +58,23 @@ def debug_run_config(tmp_path: Path, cache: Path | None = None, **overrides: Any
     if cache is not None:
         share_cache(Path(config["state-dir"]), cache)
     return config
+
+
+def assert_same_training(
+    got: Mapping[str, torch.Tensor | float], want: Mapping[str, torch.Tensor | float], device: str
+) -> None:
+    """Tensors (or numbers: bits per byte) two trainings of the same inputs gave on ``device``:
+    equal bit for bit on the CPU, within :data:`CUDA_TOLERANCE` on CUDA."""
+    assert got.keys() == want.keys()
+    for name in want:
+        a, b = (
+            torch.as_tensor(v, dtype=torch.float64 if isinstance(v, float) else None).cpu()
+            for v in (got[name], want[name])
+        )
+        if device == "cpu":
+            assert torch.equal(a, b), name
+        else:
+            torch.testing.assert_close(a, b, **CUDA_TOLERANCE, msg=name)
 
 
 def share_cache(state_dir: Path, cache: Path) -> Path:

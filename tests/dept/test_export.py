@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -18,16 +19,19 @@ from dept.sources import run_sources
 from dept.workspace import Workspace
 from server_app.federation import run_federation
 from server_app.local_grid import LocalGrid
-from tests.helpers import debug_run_config, synthetic_sources
+from tests.helpers import DEVICES, debug_run_config, synthetic_sources
 
 
-def _finished_run(tmp_path: Path, cache: Path, variant: str, model: str = "debug") -> Path:
+def _finished_run(
+    tmp_path: Path, cache: Path, variant: str, model: str = "debug", device: str = "cpu"
+) -> Path:
     sources = synthetic_sources(tmp_path, "latin", "greek")
     config = debug_run_config(
         tmp_path,
         cache,
         variant=variant,
         model=model,
+        device=device,
         **{"sources-file": str(sources), "num-server-rounds": 1, "global-vocab-size": 600},
     )
     nodes = [{"partition-id": i, "num-partitions": 2} for i in range(2)]
@@ -43,10 +47,11 @@ def _generate(folder: Path, prompt: str) -> str:
     return tokenizer.decode(out[0, ids.shape[1] :])
 
 
+@pytest.mark.parametrize("device", DEVICES)  # where the run trained; the export is on the CPU
 def test_spec_source_export_matches_the_trained_model_and_generates(
-    tmp_path: Path, node_cache: Path
+    tmp_path: Path, node_cache: Path, device: str
 ) -> None:
-    run_dir = _finished_run(tmp_path, node_cache, "spec")
+    run_dir = _finished_run(tmp_path, node_cache, "spec", device=device)
     out = tmp_path / "greek"
 
     assert main([str(run_dir), "--source", "synth-greek", "--out", str(out)]) == 0
@@ -55,7 +60,8 @@ def test_spec_source_export_matches_the_trained_model_and_generates(
         p.name for p in out.iterdir()
     }
     assert isinstance(_generate(out, "α"), str)
-    # The exported model scores V_k exactly as the source's own model does.
+    # The exported model scores V_k exactly as the source's own model does (both on the CPU:
+    # load_run builds there, so CPU token ids feed a CPU model).
     run = load_run(run_dir)
     spec = next(s for s in run_sources(run.cfg) if s.name == "synth-greek")
     client = SourceClient(
@@ -73,6 +79,16 @@ def test_spec_source_export_matches_the_trained_model_and_generates(
     assert torch.allclose(got, want, atol=1e-5)
     suppressed = set(exported.generation_config.suppress_tokens)
     assert suppressed == set(range(len(client.tokenizer))) - set(kept.tolist())
+
+
+def test_a_cuda_run_exports_on_a_machine_without_cuda(tmp_path: Path, node_cache: Path) -> None:
+    run_dir = _finished_run(tmp_path, node_cache, "spec-opt")
+    config = run_dir / "config.json"
+    config.write_text(json.dumps({**json.loads(config.read_text()), "device": "cuda"}))
+
+    out = export_source(run_dir, "synth-latin", tmp_path / "latin")
+
+    assert isinstance(_generate(out, "a"), str)
 
 
 def test_glob_exports_each_source_and_the_global_model(tmp_path: Path, node_cache: Path) -> None:

@@ -1,16 +1,19 @@
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
+import dept.prepare
 from dept.compression import decode, encode, payload_keys
 from dept.config import load_config
+from dept.data import TokenizedSource
 from dept.model import body_state, build_model, embedding_parameters
 from dept.source_client import SourceClient
 from dept.sources import load_sources
 from dept.workspace import Workspace
-from tests.helpers import debug_run_config, share_cache
+from tests.helpers import DEVICES, assert_same_training, debug_run_config, share_cache
 
 
 @pytest.fixture(autouse=True)
@@ -30,9 +33,12 @@ def _client(
     return SourceClient(cfg, spec, Workspace(tmp_path / "state", "run1", spec.name), specs)
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("variant", ["spec-opt", "spec"])
-def test_embeddings_and_position_persist_between_rounds(tmp_path: Path, variant: str) -> None:
-    client = _client(tmp_path, variant)
+def test_embeddings_and_position_persist_between_rounds(
+    tmp_path: Path, variant: str, device: str
+) -> None:
+    client = _client(tmp_path, variant, device=device)
     body = body_state(build_model("debug", 300, 64, seed=0))
     result = client.train_round(body, global_step=0, server_round=1)
     assert result.delta.keys() == body.keys()
@@ -42,24 +48,26 @@ def test_embeddings_and_position_persist_between_rounds(tmp_path: Path, variant:
     position = after_round_1.position
     assert position.offset == client.cfg.local_steps * client.cfg.batch_size
 
-    again = _client(tmp_path, variant)  # a new round builds everything anew from disk
+    again = _client(tmp_path, variant, device=device)  # a new round builds anew from disk
     model = again.model(body, again.ws.load_state(before_round=2).state)
-    assert torch.equal(
-        embedding_parameters(model)["input"].detach(), after_round_1.embeddings["input"]
-    )
+    assert model.device.type == device
+    embeddings = embedding_parameters(model)["input"].detach().cpu()  # saved state: CPU
+    assert torch.equal(embeddings, after_round_1.embeddings["input"]), "a copy, on any device"
     again.train_round(body, global_step=client.cfg.local_steps, server_round=2)
     assert again.ws.load_state(before_round=3).state.position.offset == 2 * position.offset
 
 
+@pytest.mark.parametrize("device", DEVICES)
 def test_a_rerun_round_starts_from_the_same_state_and_gives_the_same_update(
-    tmp_path: Path,
+    tmp_path: Path, device: str
 ) -> None:
-    client = _client(tmp_path, "spec-opt")
+    client = _client(tmp_path, "spec-opt", device=device)
     body = body_state(build_model("debug", 300, 64, seed=0))
     client.train_round(body, global_step=0, server_round=1)
     first = client.train_round(body, global_step=8, server_round=2)
     rerun = client.train_round(body, global_step=8, server_round=2)  # the server resumed
-    assert all(torch.equal(first.delta[k], rerun.delta[k]) for k in first.delta)
+    assert all(d.device.type == "cpu" for d in rerun.delta.values()), "it travels from the CPU"
+    assert_same_training(rerun.delta, first.delta, device)  # bit for bit on the CPU
     for server_round in range(3, 7):
         client.train_round(body, global_step=8, server_round=server_round)
     kept = sorted(p.name for p in client.ws.dir.glob("round-*"))
@@ -104,6 +112,7 @@ def test_the_compression_residual_carries_over_a_node_restart(tmp_path: Path, va
     restarted = _client(tmp_path, variant, compression="int8")  # a new process, same disk
     second = restarted.train_round(arrays, global_step=8, server_round=2)
     rerun = restarted.train_round(arrays, global_step=8, server_round=2)  # the server resumed
+    # The same bytes: training on the CPU is deterministic (on CUDA it is not, see helpers).
     assert all(torch.equal(second.payload[k], rerun.payload[k]) for k in second.payload)
     expected = encode({n: second.delta[n] + residual[n] for n in shapes}, "int8")
     assert all(torch.equal(second.payload[k], expected[k]) for k in expected)
@@ -144,3 +153,26 @@ def test_a_damaged_or_lost_state_is_reported_never_silent(tmp_path: Path) -> Non
     assert lost == "fresh embeddings in round 4: state lost (no saved state)"
     _, evaluated = client.evaluate(body, server_round=4, last_trained=4)
     assert evaluated == "", "round 4's own state is there again"
+
+
+@pytest.mark.parametrize("variant", ["spec-opt", "glob", "trim"])
+def test_a_token_id_without_a_row_is_refused_on_the_cpu(
+    tmp_path: Path, variant: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On CUDA such an id would be a device-side assert that breaks the worker for good."""
+    size = len(_client(tmp_path, variant).tokenizer)
+    tokenize = dept.prepare.tokenize_source
+
+    def with_a_bad_id(*args: object) -> TokenizedSource:
+        tokens = tokenize(*args)  # type: ignore[arg-type]
+        validation = np.array(tokens.validation)  # the cache is read-only: a copy
+        validation[5] = size  # one past the last id
+        return TokenizedSource(tokens.train, validation)
+
+    monkeypatch.setattr(dept.prepare, "tokenize_source", with_a_bad_id)
+    with pytest.raises(ValueError) as refused:
+        _client(tmp_path, variant)
+    assert str(refused.value).startswith(
+        f"source 'synth-greek': token id {size} in its validation tokens is outside its "
+        f"tokenizer's vocabulary of {size} ids"
+    )
