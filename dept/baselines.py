@@ -168,12 +168,16 @@ def run_standard(
     data, token_bytes, rows = tokenized_sources(cfg, specs, state_root, tokenizer_file)
     device = resolve_device(cfg.device)
     model = build_model(
-        cfg.model, rows, cfg.seq_len, tie_embeddings=cfg.tie_embeddings, seed=cfg.seed
+        cfg.model,
+        rows,
+        cfg.seq_len,
+        tie_embeddings=cfg.tie_embeddings,
+        seed=cfg.seed,
+        device=device,
     )
     if body is not None:
         positions = {k: p for k, p in position_parameters(model).items() if k in body}
         load_tensors({**body_parameters(model), **positions}, body, "the pre-trained body")
-    model = model.to(device)  # type: ignore[arg-type]
     optimizer = make_inner_optimizer(model, cfg)
     name = name or ("ACT" if forget_every_round else f"STD τ={temperature:g}")
     embeddings = count_params(embedding_parameters(model))
