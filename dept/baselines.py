@@ -167,7 +167,12 @@ def run_standard(
     data, token_bytes, rows = tokenized_sources(cfg, specs, state_root, tokenizer_file)
     device = resolve_device(cfg.device)
     model = build_model(
-        cfg.model, rows, cfg.seq_len, tie_embeddings=cfg.tie_embeddings, seed=cfg.seed
+        cfg.model,
+        rows,
+        cfg.seq_len,
+        tie_embeddings=cfg.tie_embeddings,
+        seed=cfg.seed,
+        activation_checkpointing=cfg.activation_checkpointing,
     )
     if body is not None:
         positions = {k: p for k, p in position_parameters(model).items() if k in body}

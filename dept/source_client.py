@@ -157,6 +157,7 @@ class SourceClient:
             self.cfg.seq_len,
             tie_embeddings=self.cfg.tie_embeddings,
             seed=self.cfg.seed,
+            activation_checkpointing=self.cfg.activation_checkpointing,
         )
         embeddings = embedding_parameters(model)
         whole = {
