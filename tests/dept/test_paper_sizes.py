@@ -1,23 +1,68 @@
-"""A paper-size body really trains here: two inner steps of ``350m`` on the CPU.
+"""The paper's regime: its sizes at seq-len 2048, its batch reached by accumulation, and a
+paper-size body that really trains.
 
-The meta-device tests count every preset; this one allocates the 308M-parameter body, its
-gradients and AdamW moments (about 5 GB) and steps it, with activation checkpointing on as a
-paper-scale run would have it. Short sequences keep it under a minute on 2 cores.
+``configs/paper-1.3b.toml`` is the authors' 1.3B setting as run config overrides; the
+pre-flight (:mod:`dept.budget`) must refuse it on a small CPU machine, before any work, and
+let it through on a large GPU. The slow test allocates a 350m body (308M parameters, about
+5 GB with its gradients and AdamW moments) and steps it twice on the CPU.
 """
 
 from __future__ import annotations
 
 import itertools
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from flwr.common.config import parse_config_args
 
-from dept.config import load_config
+from dept.budget import PEAK_FLOPS, PEAK_FLOPS_PER_CPU_THREAD, Device, check_client_fits
+from dept.config import ConfigError, DeptConfig, load_config, to_run_config
 from dept.model import body_parameters, build_model
-from dept.train import make_inner_optimizer, train_local
+from dept.train import make_inner_optimizer, next_token_loss, train_local
 
+PAPER_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "paper-1.3b.toml"
 VOCAB = 512
+NEOX_VOCAB = 50_368
+SMALL_CPU = Device("cpu", memory=25e9, peak_flops=2 * PEAK_FLOPS_PER_CPU_THREAD)  # this CI box
+H200 = Device("cuda", memory=139e9, peak_flops=PEAK_FLOPS["cuda"])
+
+
+def paper_config() -> DeptConfig:
+    """The example file read as ``dept run -c FILE`` reads it."""
+    return load_config(
+        to_run_config(DeptConfig()), overrides=parse_config_args([str(PAPER_CONFIG)])
+    )
+
+
+def test_the_paper_config_reaches_its_batch_by_accumulation() -> None:
+    cfg = paper_config()
+
+    assert (cfg.model, cfg.seq_len, cfg.local_steps) == ("1.3b", 2048, 500)
+    assert cfg.batch_size * cfg.grad_accum_steps == 512, "sequences per inner step"
+    assert cfg.activation_checkpointing and not cfg.keep_inner_optimizer
+
+
+def test_the_preflight_refuses_the_paper_config_on_a_small_cpu_and_not_on_a_gpu() -> None:
+    cfg = paper_config()
+
+    with pytest.raises(ConfigError, match=r"config key 'model' \(1.3b\): a client needs at least"):
+        check_client_fits(cfg, NEOX_VOCAB, "config key 'global-vocab-size'", SMALL_CPU)
+    with pytest.raises(ConfigError, match=r"config key 'grad-accum-steps' \(64\): a round trains"):
+        check_client_fits(cfg, 300, "source 'a' key 'vocab-size'", SMALL_CPU)
+    check_client_fits(cfg, NEOX_VOCAB, "config key 'global-vocab-size'", H200)
+
+
+@pytest.mark.parametrize("model", ["debug", "gpt2:debug"])
+def test_every_family_trains_at_seq_len_2048(model: str) -> None:
+    built = build_model(model, VOCAB, 2048, activation_checkpointing=True)
+    built.train()
+    batch = torch.randint(0, VOCAB, (1, 2049), generator=torch.Generator().manual_seed(0))
+
+    next_token_loss(built, batch).backward()
+
+    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in built.parameters())
 
 
 @pytest.mark.slow

@@ -6,14 +6,7 @@ import json
 
 import pytest
 
-from dept.model import (
-    FAMILIES,
-    body_parameters,
-    build_model,
-    count_params,
-    embedding_parameters,
-    position_parameters,
-)
+from dept import model as dm
 from dept_cli.main import main
 
 
@@ -25,16 +18,16 @@ def models_json(capsys: pytest.CaptureFixture[str], *args: str) -> dict:
 def test_json_lists_every_size_of_every_family(capsys: pytest.CaptureFixture[str]) -> None:
     listed = models_json(capsys, "--seq-len", "64", "--vocab-size", "300")
 
-    expected = [f"{f.name}:{size}" for f in FAMILIES.values() for size in f.sizes]
+    expected = [f"{f.name}:{size}" for f in dm.FAMILIES.values() for size in f.sizes]
     assert [row["model"] for row in listed["models"]] == expected
     assert listed["seq_len"] == 64 and listed["vocab_size"] == 300
     assert listed["tie_embeddings"] is True
     rows = {row["model"]: row for row in listed["models"]}
     for name in ("llama:debug", "gpt2:debug"):
-        model = build_model(name, 300, 64)
-        parts = [body_parameters(model), position_parameters(model), embedding_parameters(model)]
+        model = dm.build_model(name, 300, 64)
+        parts = (dm.body_parameters, dm.position_parameters, dm.embedding_parameters)
         counted = [rows[name][k] for k in ("body_params", "position_params", "embedding_params")]
-        assert counted == [count_params(p) for p in parts], name
+        assert counted == [dm.count_params(part(model)) for part in parts], name
         assert rows[name]["total_params"] == sum(p.numel() for p in model.parameters()), name
     assert rows["llama:debug"]["position_params"] == 0, "RoPE: no ψ"
 
@@ -45,7 +38,7 @@ def test_paper_sizes_at_the_papers_context_and_vocabulary(
     listed = models_json(capsys, "--seq-len", "2048", "--vocab-size", "50368")
 
     rows = {row["model"]: row for row in listed["models"]}
-    for family in FAMILIES:
+    for family in dm.FAMILIES:
         assert 1.2e9 <= rows[f"{family}:1.3b"]["body_params"] <= 1.4e9, family
         assert 290e6 <= rows[f"{family}:350m"]["body_params"] <= 320e6, family
         assert rows[f"{family}:1.3b"]["embedding_params"] == 50_368 * 2048, family
