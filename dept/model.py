@@ -252,9 +252,10 @@ def build_model(
 
 def checkpoint_activations(model: PreTrainedModel) -> None:
     """Keep only each layer's input in training and recompute the rest in the backward pass:
-    about a third more compute, for activations that no longer hold every layer's
-    attention and MLP intermediates (what stops a 1.3b body at seq-len 2048). Non-reentrant
-    checkpointing, which gives the same gradients; no KV cache, which training never reads."""
+    about a third more compute for about 1.3 saved floats of width C a token and layer
+    instead of 21 (Llama) or 30 (GPT-2), measured at 125m: some 60 GB less at 1.3b, seq-len 2048
+    and batch-size 8 in float32. Non-reentrant checkpointing, which gives the same
+    gradients; no KV cache, which training never reads."""
     # transformers 5 renamed gradient_checkpointing_enable, which now warns; 4.x has only it.
     enable = getattr(model, "activation_checkpointing_enable", model.gradient_checkpointing_enable)
     enable({"use_reentrant": False})
