@@ -174,6 +174,7 @@ def run_standard(
         tie_embeddings=cfg.tie_embeddings,
         seed=cfg.seed,
         device=device,
+        activation_checkpointing=cfg.activation_checkpointing,
     )
     if body is not None:
         positions = {k: p for k, p in position_parameters(model).items() if k in body}

@@ -85,6 +85,12 @@ class DeptConfig:
     grad_accum_steps: int = doc(
         1, "micro-batches per inner step: tokens per step = seq-len x batch-size x this; >= 1"
     )
+    activation_checkpointing: bool = doc(
+        False,
+        "recompute each layer's activations in the backward pass instead of keeping them "
+        "(non-reentrant; gradients unchanged): about 1/3 more compute, far less memory at "
+        "long seq-len and large batch-size",
+    )
     lr: float = doc(
         3e-3,
         "peak inner learning rate of one warmup + cosine schedule over all rounds, driven by "

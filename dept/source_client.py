@@ -147,6 +147,7 @@ class SourceClient:
             tie_embeddings=self.cfg.tie_embeddings,
             seed=self.cfg.seed,
             device=self.device,
+            activation_checkpointing=self.cfg.activation_checkpointing,
         )
         embeddings = embedding_parameters(model)
         whole = {
