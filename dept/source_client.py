@@ -180,6 +180,19 @@ class SourceClient:
             )
         return found
 
+    def _check_same_device(self, state: SourceState | None) -> None:
+        """A state trained on another kind of device (a node moved, or ``device='auto'``
+        found another) goes on only where the run allows it: the numbers then differ from
+        an uninterrupted run's (bf16 autocast and fused AdamW on CUDA)."""
+        if state is None or state.device in ("", self.device.type) or self.cfg.allow_device_change:
+            return
+        raise ValueError(
+            f"source {self.spec.name!r}: its state of round {state.server_round} was trained "
+            f"on {state.device}, and this node trains on {self.device.type}: the run would not "
+            f"match an uninterrupted one; give the node its {state.device} device, or resume "
+            "with -c allow-device-change=true"
+        )
+
     def _state_files(self) -> tuple[str, ...]:
         """The files every saved round state of this run has (a state without one is
         incomplete): embeddings but for GLOB, optimizer moments and the compression
@@ -242,6 +255,7 @@ class SourceClient:
         found = self.state(server_round, attempt)
         event = self.state_event(found, server_round, last_trained)
         state = found.state
+        self._check_same_device(state)
         model = self.model(arrays, state, announce)
         trained = ranks.wrap(model)
         optimizer = make_inner_optimizer(model, self.cfg)  # after wrap: FSDP shards in place
@@ -278,6 +292,7 @@ class SourceClient:
                     self.tokenizer_digest,
                     attempt.id if attempt else "",
                     residual,
+                    self.device.type,
                 ),
             )
         return RoundResult(delta, payload, stats, event)

@@ -148,6 +148,7 @@ class Workspace:
             tokenizer=progress["tokenizer"],
             attempt=progress.get("attempt", ""),
             residual=load_file(str(residual)) if residual.is_file() else {},
+            device=progress.get("device", ""),
         )
 
     def save_state(self, server_round: int, state: SourceState) -> None:
@@ -164,6 +165,7 @@ class Workspace:
             "position": asdict(state.position),
             "tokenizer": state.tokenizer,
             "attempt": state.attempt,
+            "device": state.device,
         }
         (tmp / PROGRESS_FILE).write_text(json.dumps(progress))
         replace_dir(tmp, self._round_dir(server_round))
@@ -224,6 +226,7 @@ class SourceState:
     attempt: str = ""  # the server attempt (start or resume) whose round wrote it
     # what the round's compressed update lost, added to the next one (error feedback)
     residual: dict[str, torch.Tensor] = field(default_factory=dict)
+    device: str = ""  # the kind of device the round trained on: cpu, cuda, mps ("": unknown)
 
 
 def replace_dir(tmp: Path, final: Path) -> None:
