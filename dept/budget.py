@@ -42,6 +42,7 @@ class Device:
     kind: str
     memory: float
     peak_flops: float
+    beside: str = ""  # what else holds this memory, said in an error ("the server's 9.9 GB")
 
     @classmethod
     def here(cls, kind: str) -> Device:
@@ -120,11 +121,12 @@ def check_client_fits(
     if need > device.memory:
         where = _culprit(cfg, vocab_size, vocab_from, logits > weights, embedding > body)
         raise ConfigError(
-            f"{where}: a client needs at least {_gb(need)} "
-            f"({_gb(weights)} for the weights, gradients and AdamW moments of "
-            f"{body + embedding:,} parameters, {_gb(logits)} for one micro-batch's logits of "
+            f"{where}: a client needs at least {gb(need)} "
+            f"({gb(weights)} for the weights, gradients and AdamW moments of "
+            f"{body + embedding:,} parameters, {gb(logits)} for one micro-batch's logits of "
             f"batch-size {cfg.batch_size} x seq-len {cfg.seq_len} x {vocab_size:,} tokens), "
-            f"more than this {device.kind}'s {_gb(device.memory)}"
+            f"more than this {device.kind}'s {gb(device.memory)}"
+            + (f" left beside {device.beside}" if device.beside else "")
         )
     # FLOPs: the input embedding and ψ are lookups; the output head is a (V, d) matmul a token.
     devices = nproc if device.kind == "cuda" else 1  # CPU processes share the same cores
@@ -164,22 +166,31 @@ def _check_round_time(cfg: DeptConfig, params: int, device: Device) -> None:
     )
 
 
+def server_need(cfg: DeptConfig, shared_vocab: int) -> float:
+    """Bytes the server holds: the shared tensors, a round's mean and the outer optimizer's
+    state, float32 (``shared_vocab``: rows of the global φ, 0 if none)."""
+    body = trained_body_params(cfg, shared_only=True)
+    return FLOAT32 * _server_copies(cfg) * (body + embedding_params(cfg, shared_vocab))
+
+
+def _server_copies(cfg: DeptConfig) -> int:
+    return 2 + OUTER_OPTIMIZERS[cfg.outer_optimizer].state_copies  # θ, its mean, outer state
+
+
 def check_server_fits(cfg: DeptConfig, shared_vocab: int, memory: float) -> None:
-    """Refuse, naming the key, a server that cannot hold the shared tensors, their outer
-    optimizer state and a round's mean (``shared_vocab``: rows of the global φ, 0 if none)."""
+    """Refuse, naming the key, a server that cannot hold :func:`server_need`."""
     body = trained_body_params(cfg, shared_only=True)
     embedding = embedding_params(cfg, shared_vocab)
-    copies = 2 + OUTER_OPTIMIZERS[cfg.outer_optimizer].state_copies  # θ, its mean, the outer state
-    need = FLOAT32 * copies * (body + embedding)
+    need = server_need(cfg, shared_vocab)
     if need > memory:
         key = "global-vocab-size" if embedding > body else "model"
         value = f"{shared_vocab:,}" if embedding > body else cfg.model
         raise ConfigError(
-            f"config key '{key}' ({value}): the server needs at least {_gb(need)} for "
-            f"{body + embedding:,} shared parameters ({copies} float32 copies with "
-            f"outer-optimizer {cfg.outer_optimizer}), more than this machine's {_gb(memory)}"
+            f"config key '{key}' ({value}): the server needs at least {gb(need)} for "
+            f"{body + embedding:,} shared parameters ({_server_copies(cfg)} float32 copies with "
+            f"outer-optimizer {cfg.outer_optimizer}), more than this machine's {gb(memory)}"
         )
 
 
-def _gb(n: float) -> str:
+def gb(n: float) -> str:
     return f"{n / 1e9:,.1f} GB"

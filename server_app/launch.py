@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import math
 import os
@@ -22,7 +23,7 @@ from typing import IO, Any
 import click
 from flwr.common.config import parse_config_args
 
-from dept.budget import Device, check_server_fits, check_source_fits
+from dept.budget import Device, check_server_fits, check_source_fits, gb, server_need
 from dept.config import ConfigError, DeptConfig, config_keys, load_config, resolve_path
 from dept.devices import resolve_device
 from dept.distributed import check_nproc
@@ -179,6 +180,10 @@ def check_fits_here(cfg: DeptConfig, sources: list[SourceSpec]) -> None:
         )
     check_server_fits(cfg, shared_vocab_size(cfg), Device.here("cpu").memory)
     device = Device.here(resolve_device(cfg.device).type)
+    if device.kind == "cpu":  # one machine's memory holds the server and a training client
+        server = server_need(cfg, shared_vocab_size(cfg))
+        beside = f"the server's {gb(server)}"
+        device = dataclasses.replace(device, memory=device.memory - server, beside=beside)
     for spec in sources:
         check_source_fits(cfg, spec, device)
         check_nproc(cfg, spec)

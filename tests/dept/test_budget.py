@@ -9,7 +9,8 @@ from transformers import GPT2Config
 from dept.budget import Device, body_params, check_client_fits, check_server_fits
 from dept.config import ConfigError, load_config
 from dept.model import body_state, build_model
-from dept.sources import parse_source
+from dept.sources import parse_source, run_sources
+from server_app import launch
 from tests.helpers import debug_run_config
 
 LAPTOP = Device("cpu", memory=16e9, peak_flops=4 * 2.5e11)
@@ -82,3 +83,21 @@ def test_learned_positions_count_where_they_are_held(
             check_server_fits(cfg, 4096, memory=LAPTOP.memory)
     else:
         check_server_fits(cfg, 0, memory=LAPTOP.memory)
+
+
+def test_a_simulation_on_the_cpu_counts_the_server_beside_its_client(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """1.3b at one micro-batch: a client (19.8 GB) fits 25 GB alone, not beside the server."""
+    machine = Device("cpu", memory=25e9, peak_flops=1e15)
+    monkeypatch.setattr(Device, "here", classmethod(lambda cls, kind: machine))
+    cfg = load_config(
+        debug_run_config(
+            tmp_path,
+            **{"model": "1.3b", "seq-len": 64, "batch-size": 1, "local-steps": 1},
+            **{"num-server-rounds": 1, "variant": "spec-opt", "round-timeout-s": 1e9},
+        )
+    )
+    check_client_fits(cfg, 4096, "source 'python' key 'vocab-size'", machine)
+    with pytest.raises(ConfigError, match=r"left beside the server's \d+\.\d GB$"):
+        launch.check_fits_here(cfg, run_sources(cfg))
