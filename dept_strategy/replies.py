@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import numpy as np
-from flwr.app import Message, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 
 from dept import keys
 from dept_strategy.aggregate import RunningMean
@@ -29,6 +29,7 @@ from dept_strategy.validation import (
     check_train_reply,
     finite_metric,
     finite_metrics,
+    record_of,
     reply_source,
 )
 
@@ -95,7 +96,7 @@ class ReplyDesk:
             self.failed(target, "no reply within the round timeout")
 
     def _state_event(self, target: Target, content: RecordDict) -> None:
-        info = content.config_records.get(keys.INFO)
+        info = record_of(content, keys.INFO, ConfigRecord)
         event = str(info.get(keys.STATE_EVENT, "")) if info is not None else ""
         if event:
             self.history.state_event(self.round, target.node, event, target.source)
@@ -136,7 +137,7 @@ class ReplyDesk:
         """The reply's Δ checked, decoded, spooled and folded into the running mean, read
         twice from the message's own bytes (first to check, size and spool it, then, once
         it is known to be whole, to fold it in); None (recorded) when it is refused."""
-        arrays = reply.content.array_records.get(keys.ARRAYS)
+        arrays = record_of(reply.content, keys.ARRAYS, ArrayRecord)
         bytes_up = arrays.count_bytes() if arrays is not None else 0
         self.history.record_bytes_up(self.round, bytes_up)
         tally = SizeTally(intake.embedding_names)
@@ -156,8 +157,7 @@ class ReplyDesk:
         spooled = Spooled(path, update.weight, rows, tally.stats(), layout)
         if intake.running is not None:
             intake.running.add(spooled, update.tensors())
-        metrics = finite_metrics(reply.content.metric_records[keys.METRICS])
-        return Arrival(target, spooled, metrics, bytes_up)
+        return Arrival(target, spooled, update.metrics, bytes_up)
 
     def check_eval(self, reply: Message, target: Target) -> dict[str, float] | None:
         """The reply's evaluation metrics, range-checked; None (recorded) when refused."""
@@ -182,7 +182,7 @@ EVAL_FLOORS = {keys.VAL_BPB: 0.0, keys.VAL_LOSS: 0.0, keys.VAL_PPL: 1.0, keys.VA
 
 def check_eval_metrics(content: RecordDict) -> dict[str, float]:
     """Finite, in-range evaluation metrics, or :class:`RejectedReply` naming the metric."""
-    metrics = content.metric_records.get(keys.METRICS)
+    metrics = record_of(content, keys.METRICS, MetricRecord)
     if metrics is None:
         raise RejectedReply(f"no '{keys.METRICS}' record")
     for name, floor in EVAL_FLOORS.items():

@@ -11,12 +11,25 @@ import io
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import TypeVar
 
 import numpy as np
-from flwr.app import Array, ArrayRecord, MetricRecord, RecordDict
+from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 
 from dept import keys
 from dept.compression import CompressionError, decode_array, payload_keys
+
+Record = TypeVar("Record", ArrayRecord, MetricRecord, ConfigRecord)
+
+
+def record_of(content: RecordDict, key: str, kind: type[Record]) -> Record | None:
+    """``content[key]`` if it is a ``kind`` record, else None.
+
+    Not ``content.array_records`` and its siblings: each builds a dict in a reference cycle
+    that holds the whole ``content`` (a body, for a training reply) until the garbage
+    collector next runs, so the replies of a round would pile up."""
+    value = content.get(key)
+    return value if isinstance(value, kind) else None
 
 
 class RejectedReply(ValueError):
@@ -44,20 +57,21 @@ def finite_metrics(metrics: MetricRecord) -> dict[str, float]:
 
 
 def reply_source(content: RecordDict) -> str:
-    info = content.config_records.get(keys.INFO)
+    info = record_of(content, keys.INFO, ConfigRecord)
     source = info.get(keys.SOURCE) if info is not None else None
     return str(source) if source else "?"
 
 
 @dataclass(frozen=True)
 class TrainUpdate:
-    """A reply's pseudo-gradient as it travelled (read-only views of the message's arrays)
-    and its weight; :meth:`tensors` decodes it one tensor at a time."""
+    """A reply's pseudo-gradient as it travelled (read-only views of the message's arrays),
+    its weight and its finite metrics; :meth:`tensors` decodes it one tensor at a time."""
 
     arrays: dict[str, np.ndarray]
     shapes: dict[str, tuple[int, ...]]
     compression: str
     weight: float
+    metrics: dict[str, float]
 
     def tensors(self) -> Iterator[tuple[str, np.ndarray]]:
         """(name, float32 value) in the order of ``shapes``, or :class:`RejectedReply` at the
@@ -76,7 +90,7 @@ def check_train_reply(
     row_ids: np.ndarray | None = None,
     compression: str = "none",
 ) -> TrainUpdate:
-    """The reply's pseudo-gradient (keyed like what was sent) and its weight, or
+    """The reply's pseudo-gradient (keyed like what was sent), weight and metrics, or
     :class:`RejectedReply`; its values are checked as :meth:`TrainUpdate.tensors` decodes
     them.
 
@@ -85,9 +99,9 @@ def check_train_reply(
     ``row_ids`` (TRIM) are the φ rows the source was sent; the reply must name the same.
     ``compression`` is how every client encodes its Δ (:mod:`dept.compression`).
     """
-    arrays = content.array_records.get(keys.ARRAYS)
-    metrics = content.metric_records.get(keys.METRICS)
-    if arrays is None or metrics is None or keys.INFO not in content.config_records:
+    arrays = record_of(content, keys.ARRAYS, ArrayRecord)
+    metrics = record_of(content, keys.METRICS, MetricRecord)
+    if arrays is None or metrics is None or record_of(content, keys.INFO, ConfigRecord) is None:
         raise RejectedReply(f"missing record(s); has {sorted(content.keys())}")
     weight = finite_metric(metrics, keys.NUM_EXAMPLES)
     if not 0 < weight <= max_weight:
@@ -107,12 +121,12 @@ def check_train_reply(
             f"keys differ from what was sent: missing {missing[:3]}, unexpected {extra[:3]}"
         )
     views = {name: _read(arrays, name) for name in sorted(expected)}
-    return TrainUpdate(views, shapes, compression, weight)
+    return TrainUpdate(views, shapes, compression, weight, finite_metrics(metrics))
 
 
 def check_vocabulary(content: RecordDict, num_rows: int) -> np.ndarray:
     """TRIM: a source's V_k from its query reply: sorted, unique ids below ``num_rows``."""
-    arrays = content.array_records.get(keys.ARRAYS)
+    arrays = record_of(content, keys.ARRAYS, ArrayRecord)
     if arrays is None or keys.EMBEDDING_IDS not in arrays:
         raise RejectedReply(f"the vocabulary reply has no '{keys.EMBEDDING_IDS}' array")
     ids = _read(arrays, keys.EMBEDDING_IDS)
