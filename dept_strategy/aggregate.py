@@ -33,7 +33,7 @@ import torch
 from dept_strategy.screening import RULES
 from dept_strategy.spool import Spooled
 
-CHUNK_VALUES = 1 << 22  # values converted to float64 (robust rules: across all replies) at once
+CHUNK_VALUES = 1 << 20  # values converted to float64 (robust rules: across all replies) at once
 
 
 class RunningMean:

@@ -12,7 +12,7 @@ and the rest credited (:meth:`ReplyDesk.credit`); evaluation replies are range-c
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -132,6 +132,19 @@ class ReplyDesk:
             self.history.record_train(self.round, arrival.target.source, metrics, arrival.bytes_up)
             loss += arrival.spooled.weight * arrival.metrics.get(keys.TRAIN_LOSS, math.nan)
         return MetricRecord({keys.TRAIN_LOSS: loss / weight, keys.NUM_EXAMPLES: weight})
+
+    def take_train(self, replies: Iterable[Message], intake: Intake) -> list[Arrival]:
+        """The round's training replies that decode, each taken in (:meth:`decode_train`)
+        and let go before the next is pulled from ``replies`` (which may be a stream), so
+        the server holds one at a time."""
+        arrivals = []
+        for reply in replies:
+            target = self.claim(reply)
+            arrival = self.decode_train(reply, target, intake) if target is not None else None
+            del reply  # the loop would hold it while the next one is pulled
+            if arrival is not None:
+                arrivals.append(arrival)
+        return arrivals
 
     def decode_train(self, reply: Message, target: Target, intake: Intake) -> Arrival | None:
         """The reply's Δ checked, decoded, spooled and folded into the running mean, read

@@ -30,7 +30,7 @@ import numpy as np
 from dept.config import AGGREGATIONS as RULES
 from dept.config import OUTLIER_ACTIONS
 
-CHUNK_VALUES = 1 << 22  # values converted to float64 at once
+CHUNK_VALUES = 1 << 20  # values converted to float64 at once
 REACH_SLACK = 1.05  # compression error feedback and float rounding on top of the bound
 
 

@@ -311,13 +311,7 @@ class DeptStrategy(Strategy):
                 spool,
                 running,
             )
-            arrivals = []
-            for reply in replies:  # may be a stream: each is taken in, then let go
-                target = desk.claim(reply)
-                arrival = desk.decode_train(reply, target, intake) if target is not None else None
-                del reply  # before the next one is pulled: one reply is held at a time
-                if arrival is not None:
-                    arrivals.append(arrival)
+            arrivals = desk.take_train(replies, intake)
             self._close(desk)
             accepted = self._screen(server_round, arrivals, desk)
             if len(accepted) < self.min_train_replies:
