@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -62,20 +63,32 @@ def decode(
 ) -> dict[str, torch.Tensor]:
     """The arrays that travelled -> float32 tensors of ``shapes``, or
     :class:`CompressionError` (missing array or scale, wrong dtype or shape, NaN)."""
-    out = {}
-    for name, shape in shapes.items():
-        if kind == "none":
-            value = _expect(arrays, name, torch.float32, shape)
-        elif kind == "fp16":
-            value = _expect(arrays, name, torch.float16, shape).float()
-        elif kind == "int8":
-            value = _int8_decode(arrays, name, shape)
-        else:
-            raise ValueError(f"unknown compression {kind!r}")
-        if not torch.isfinite(value).all():
-            raise CompressionError(f"'{name}' holds NaN or infinite values")
-        out[name] = value
-    return out
+    views = {name: value.detach().cpu().numpy() for name, value in arrays.items()}
+    return {
+        name: torch.from_numpy(decode_array(views, name, shape, kind))
+        for name, shape in shapes.items()
+    }
+
+
+def decode_array(
+    arrays: Mapping[str, np.ndarray], name: str, shape: tuple[int, ...], kind: str
+) -> np.ndarray:
+    """One tensor of a payload, decoded to float32, or :class:`CompressionError`.
+
+    One at a time and in NumPy so the server never holds a whole decoded reply: for
+    ``none`` the result is ``arrays[name]`` itself (a read-only view of the message's bytes
+    works), the lossy kinds allocate this tensor only."""
+    if kind == "none":
+        value = _expect(arrays, name, np.dtype(np.float32), shape)
+    elif kind == "fp16":
+        value = _expect(arrays, name, np.dtype(np.float16), shape).astype(np.float32)
+    elif kind == "int8":
+        value = _int8_decode(arrays, name, shape)
+    else:
+        raise ValueError(f"unknown compression {kind!r}")
+    if not np.isfinite(value).all():
+        raise CompressionError(f"'{name}' holds NaN or infinite values")
+    return value
 
 
 def compress_with_feedback(
@@ -117,32 +130,27 @@ def _int8_blocks(value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return codes.reshape(-1)[: value.numel()].view(value.shape), scales
 
 
-def _int8_decode(
-    arrays: Mapping[str, torch.Tensor], name: str, shape: tuple[int, ...]
-) -> torch.Tensor:
-    codes = _expect(arrays, name, torch.int8, shape)
-    num_blocks = -(-codes.numel() // BLOCK)
-    scales = _expect(arrays, name + SCALE_SUFFIX, torch.float32, (num_blocks,))
-    if not (torch.isfinite(scales) & (scales >= 0)).all():
+def _int8_decode(arrays: Mapping[str, np.ndarray], name: str, shape: tuple[int, ...]) -> np.ndarray:
+    codes = _expect(arrays, name, np.dtype(np.int8), shape)
+    num_blocks = -(-codes.size // BLOCK)
+    scales = _expect(arrays, name + SCALE_SUFFIX, np.dtype(np.float32), (num_blocks,))
+    if not (np.isfinite(scales) & (scales >= 0)).all():
         raise CompressionError(f"'{name}{SCALE_SUFFIX}' must hold finite scales >= 0")
-    blocks = _blocks(codes.reshape(-1).float()) * scales[:, None]
-    return blocks.reshape(-1)[: codes.numel()].view(shape)
+    blocks = np.zeros((num_blocks, BLOCK), np.float32)  # the last block zero-padded
+    blocks.reshape(-1)[: codes.size] = codes.reshape(-1)
+    with np.errstate(over="ignore"):  # a scale near the float32 limit: inf, refused below
+        blocks *= scales[:, None]
+    return blocks.reshape(-1)[: codes.size].reshape(shape)
 
 
 def _expect(
-    arrays: Mapping[str, torch.Tensor], name: str, dtype: torch.dtype, shape: tuple[int, ...]
-) -> torch.Tensor:
+    arrays: Mapping[str, np.ndarray], name: str, dtype: np.dtype, shape: tuple[int, ...]
+) -> np.ndarray:
     value = arrays.get(name)
     if value is None:
         raise CompressionError(f"'{name}' is missing")
     if value.dtype != dtype:
-        raise CompressionError(
-            f"'{name}' has dtype {_short(value.dtype)}, expected {_short(dtype)}"
-        )
+        raise CompressionError(f"'{name}' has dtype {value.dtype}, expected {dtype}")
     if tuple(value.shape) != tuple(shape):
         raise CompressionError(f"'{name}' has shape {tuple(value.shape)}, expected {tuple(shape)}")
     return value
-
-
-def _short(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")

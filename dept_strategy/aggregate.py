@@ -1,15 +1,11 @@
-"""One round's pseudo-gradients: kept on disk as they arrive, combined once the round is in.
-
-Why keep them: whether a reply is an outlier (:mod:`dept_strategy.screening`) is known only
-once the round's median is, and a robust rule needs every source's value of a coordinate.
-Why on disk: memory bounds a server with a large body, and holding 64 replies of a 100M body
-would take 25.6 GB; a reply is written out (safetensors) and dropped as soon as it arrives,
-and the combination reads one tensor at a time.
+"""One round's pseudo-gradients combined into the update the outer optimizer steps with.
 
 Rules, for the tensors every accepted reply carries whole (θ, and GLOB's φ):
 
-- ``mean``: Σ (w_k / W) Δ_k with w_k the tokens trained; the weights sum to one, so no
-  partial sum can overflow, and each coordinate is summed in float64;
+- ``mean``: Σ (w_k / W) Δ_k with w_k the tokens trained, kept as a running weighted mean
+  (:class:`RunningMean`) that each reply is folded into as it arrives, straight from the
+  message's arrays; each step is taken in float64 and is a convex combination, so no
+  value can overflow;
 - ``trimmed-mean``: per coordinate, drop the ⌈β·n⌉ largest and smallest of the n values
   (at most (n−1)/2 each) and average the rest; each source counts once;
 - ``median``: per coordinate, the median over sources.
@@ -17,140 +13,169 @@ Rules, for the tensors every accepted reply carries whole (θ, and GLOB's φ):
 TRIM's φ rows are always the row-wise weighted mean over the sources that sent each row
 (sources hold different rows, so there is no common set to rank); a row nobody sent is
 reported as frozen so the outer step leaves it where it is.
+
+Memory, above the body and the outer optimizer's state: the mean holds one body-sized
+float32 sum while replies arrive, plus the reply being read; the robust rules need every
+reply, so they read them back from the round's spool (:mod:`dept_strategy.spool`) a chunk
+of coordinates at a time into one body-sized result. A reply the screening clips or drops
+is only known once the round is in; the mean is then refolded from the spool into the same
+buffer, so that case costs a read of the round, not memory.
 """
 
 from __future__ import annotations
 
 import math
-import shutil
-from contextlib import ExitStack
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
+from collections.abc import Iterable
 
 import numpy as np
 import torch
-from safetensors import safe_open
-from safetensors.numpy import save_file
 
-from dept_strategy.screening import RULES, UpdateStats, update_stats
+from dept_strategy.screening import RULES
+from dept_strategy.spool import Spooled
 
-CHUNK_VALUES = 1 << 22  # values read at once across all replies by the robust rules
-
-
-@dataclass(frozen=True)
-class Spooled:
-    """One reply on disk: its token weight, its φ row ids (TRIM), its sizes, and the factor
-    it is combined with (below 1 once clipped: :mod:`dept_strategy.screening`)."""
-
-    path: Path
-    weight: float
-    rows: np.ndarray | None
-    stats: UpdateStats
-    scale: float = 1.0
-
-    def read(self, name: str) -> np.ndarray:
-        """One tensor, scaled, in float64 (a factor of 1e-42 is no float32 number)."""
-        with safe_open(str(self.path), framework="np") as f:  # mapped only while read
-            value = f.get_tensor(name).astype(np.float64)
-        return value * self.scale if self.scale != 1.0 else value
+CHUNK_VALUES = 1 << 20  # values converted to float64 (robust rules: across all replies) at once
 
 
-class RoundSpool:
-    """The round's replies in ``folder`` (created here, removed by :meth:`close`)."""
+class RunningMean:
+    """The weighted mean of the replies folded in so far, one float32 buffer per tensor
+    (``row_tensors``: averaged per row over the replies holding it)."""
 
     def __init__(
-        self, folder: Path, shapes: dict[str, tuple[int, ...]], row_tensors: tuple[str, ...] = ()
+        self, shapes: dict[str, tuple[int, ...]], row_tensors: tuple[str, ...] = ()
     ) -> None:
-        shutil.rmtree(folder, ignore_errors=True)  # what a crashed round left
-        folder.mkdir(parents=True)
-        self.folder, self.shapes, self.row_tensors = folder, shapes, row_tensors
-        self.count = 0
+        self.means = {name: np.zeros(shape, np.float32) for name, shape in shapes.items()}
+        self.row_tensors = tuple(n for n in row_tensors if n in shapes)
+        self.row_weight = {n: np.zeros(shapes[n][0]) for n in self.row_tensors}
+        self.weight = 0.0
+        self.held: list[tuple[str, float]] = []  # (spool file, scale) of each reply folded in
 
-    def __enter__(self) -> RoundSpool:
-        return self
+    def add(self, reply: Spooled, tensors: Iterable[tuple[str, np.ndarray]] | None = None) -> None:
+        """Fold ``reply`` in, its values from ``tensors`` (the message's own, as it arrives)
+        or else read back from its spool file."""
+        self.weight += reply.weight
+        rows = slice(None) if reply.rows is None else reply.rows
+        for name in self.row_tensors:
+            self.row_weight[name][rows] += reply.weight
+        for name, value in reply.tensors() if tensors is None else tensors:
+            mean = self.means[name]
+            if name in self.row_tensors:  # (R, C) rows of which the reply holds ``rows``
+                share = reply.weight / self.row_weight[name][rows].reshape(-1, 1)
+                _fold(mean.reshape(mean.shape[0], -1), value, share, reply.rows, reply.scale)
+            else:  # a whole tensor: R values of one column
+                share = np.broadcast_to(reply.weight / self.weight, (mean.size, 1))
+                _fold(mean.reshape(-1, 1), value, share, None, reply.scale)
+        self.held.append((str(reply.path), reply.scale))
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def holds(self, replies: list[Spooled]) -> bool:
+        """Whether exactly ``replies``, at their scales, are folded in."""
+        return self.held == [(str(r.path), r.scale) for r in replies]
 
-    def close(self) -> None:
-        shutil.rmtree(self.folder, ignore_errors=True)
+    def refold(self, replies: list[Spooled]) -> None:
+        """Start again from zero in the same buffers and fold ``replies`` in from disk."""
+        for values in (self.means, self.row_weight):
+            for value in values.values():
+                value.fill(0)
+        self.weight, self.held = 0.0, []
+        for reply in replies:
+            self.add(reply)
 
-    def add(self, delta: dict[str, np.ndarray], weight: float, rows: np.ndarray | None) -> Spooled:
-        """Write one decoded reply (``rows``: its φ row ids, None for all rows)."""
-        path = self.folder / f"{self.count:05d}.safetensors"
-        self.count += 1
-        save_file({k: np.ascontiguousarray(v) for k, v in delta.items()}, str(path))
-        return Spooled(path, weight, rows, update_stats(delta, self.row_tensors))
+    def result(self) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+        """(the mean per tensor, sharing these buffers; the mask of rows nobody sent)."""
+        frozen = {n: torch.from_numpy(w == 0) for n, w in self.row_weight.items()}
+        return {n: torch.from_numpy(m) for n, m in self.means.items()}, frozen
 
-    def combine(
-        self, accepted: list[Spooled], rule: str = "mean", trim_fraction: float = 0.0
-    ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
-        """(the combined Δ per tensor, float32; the mask of rows nobody sent per row tensor)."""
-        if rule not in RULES:
-            raise ValueError(f"aggregation rule must be one of {RULES}, got {rule!r}")
-        if not accepted:
-            raise ValueError("nothing to combine")
-        combined: dict[str, torch.Tensor] = {}
-        frozen: dict[str, torch.Tensor] = {}
-        whole = all(s.rows is None for s in accepted)
-        for name, shape in self.shapes.items():
-            if name in self.row_tensors and (rule == "mean" or not whole):
-                combined[name], frozen[name] = self._row_mean(name, shape, accepted)
-                continue  # TRIM's rows: always the row-wise mean
-            if name in self.row_tensors:  # GLOB's φ under a robust rule: every row is held
-                frozen[name] = torch.zeros(shape[0], dtype=torch.bool)
-            if rule == "mean":
-                combined[name] = self._mean(name, shape, accepted)
-            else:
-                combined[name] = self._robust(name, shape, accepted, rule, trim_fraction)
-        return combined, frozen
 
-    def _mean(self, name: str, shape: tuple[int, ...], accepted: list[Spooled]) -> torch.Tensor:
-        total = sum(s.weight for s in accepted)
-        out = np.zeros(shape, dtype=np.float64)
-        for spooled in accepted:
-            out += (spooled.weight / total) * spooled.read(name)
-        return torch.from_numpy(out.astype(np.float32))
+def _fold(
+    mean: np.ndarray, value: np.ndarray, share: np.ndarray, at: np.ndarray | None, scale: float
+) -> None:
+    """mean[at] += share · (scale · value − mean[at]), in float64, a chunk of rows at a time.
 
-    def _row_mean(
-        self, name: str, shape: tuple[int, ...], accepted: list[Spooled]
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        row_weight = np.zeros(shape[0])
-        for spooled in accepted:
-            row_weight[_index(spooled.rows)] += spooled.weight
-        out = np.zeros(shape, dtype=np.float64)
-        held = row_weight > 0
-        for spooled in accepted:
-            index = _index(spooled.rows)
-            share = spooled.weight / np.where(held, row_weight, 1.0)[index]
-            out[index] += share.reshape(-1, *([1] * (len(shape) - 1))) * spooled.read(name)
-        return torch.from_numpy(out.astype(np.float32)), torch.from_numpy(~held)
+    ``mean``: (R, C) float32; ``value``: the reply's r rows (any shape of r·C values);
+    ``at``: which rows of ``mean`` those are (None: all, r = R); ``share``: (r, 1).
+    """
+    value = value.reshape(mean.shape[0] if at is None else len(at), -1)
+    step = max(1, CHUNK_VALUES // max(1, mean.shape[1]))
+    for start in range(0, value.shape[0], step):
+        stop = start + step
+        where = slice(start, stop) if at is None else at[start:stop]
+        old = mean[where].astype(np.float64)
+        new = value[start:stop].astype(np.float64)
+        if scale != 1.0:  # a clipped reply; the factor can be below float32's range
+            new *= scale
+        new -= old
+        new *= share[start:stop]
+        new += old
+        mean[where] = new
 
-    def _robust(
-        self,
-        name: str,
-        shape: tuple[int, ...],
-        accepted: list[Spooled],
-        rule: str,
-        trim_fraction: float,
-    ) -> torch.Tensor:
-        n = len(accepted)
-        trim = min(math.ceil(trim_fraction * n), (n - 1) // 2)
-        out = np.empty(shape, dtype=np.float32)
-        row_size = int(np.prod(shape[1:])) if len(shape) > 1 else 1
-        step = max(1, CHUNK_VALUES // (n * row_size))
-        with ExitStack() as stack:
-            slices = [
-                stack.enter_context(safe_open(str(s.path), framework="np")).get_slice(name)
-                for s in accepted
-            ]
-            scales = np.array([s.scale for s in accepted]).reshape(n, *([1] * len(shape)))
-            for start in range(0, shape[0], step):
-                stop = min(start + step, shape[0])  # safetensors refuses a slice past the end
-                block = np.stack([s[start:stop] for s in slices]).astype(np.float64) * scales
-                out[start:stop] = _rank_rule(block, rule, trim)
-        return torch.from_numpy(out)
+
+def combine(
+    accepted: list[Spooled],
+    shapes: dict[str, tuple[int, ...]],
+    row_tensors: tuple[str, ...],
+    running: RunningMean | None,
+    *,
+    rule: str = "mean",
+    trim_fraction: float = 0.0,
+) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """(the combined Δ per tensor of ``shapes``, float32; the mask of rows nobody sent per
+    row tensor).
+
+    ``running``: for ``mean``, the mean the replies were folded into as they arrived; it is
+    refolded from the spool if the accepted replies are not what it holds."""
+    if rule not in RULES:
+        raise ValueError(f"aggregation rule must be one of {RULES}, got {rule!r}")
+    if not accepted:
+        raise ValueError("nothing to combine")
+    if rule != "mean":
+        return _robust(accepted, shapes, row_tensors, rule, trim_fraction)
+    if running is None:
+        raise ValueError("the mean is combined from the round's running mean")
+    if not running.holds(accepted):
+        running.refold(accepted)
+    return running.result()
+
+
+def _robust(
+    accepted: list[Spooled],
+    shapes: dict[str, tuple[int, ...]],
+    row_tensors: tuple[str, ...],
+    rule: str,
+    trim_fraction: float,
+) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """A rank rule on the tensors every reply holds whole; the row-wise mean on TRIM's rows."""
+    whole = all(reply.rows is None for reply in accepted)
+    by_rows = () if whole else tuple(n for n in row_tensors if n in shapes)
+    rows_mean = RunningMean({n: shapes[n] for n in by_rows}, by_rows)
+    for reply in accepted if by_rows else ():
+        rows_mean.add(reply, ((n, reply.read(n)) for n in by_rows))
+    combined, frozen = rows_mean.result()
+    n = len(accepted)
+    trim = min(math.ceil(trim_fraction * n), (n - 1) // 2)
+    for name, shape in shapes.items():
+        if name in by_rows:
+            continue
+        if name in row_tensors:  # GLOB's φ under a robust rule: every row is held
+            frozen[name] = torch.zeros(shape[0], dtype=torch.bool)
+        combined[name] = torch.from_numpy(_rank(accepted, name, shape, rule, trim))
+    return combined, frozen
+
+
+def _rank(
+    accepted: list[Spooled], name: str, shape: tuple[int, ...], rule: str, trim: int
+) -> np.ndarray:
+    """One tensor under a rank rule, read a block of rows of every reply at a time."""
+    n = len(accepted)
+    out = np.empty(shape, np.float32)
+    flat = out.reshape(shape[0] if shape else 1, -1)  # (R, C)
+    step = max(1, CHUNK_VALUES // (n * flat.shape[1]))
+    block = np.empty((n, min(step, flat.shape[0]), flat.shape[1]), np.float32)
+    scales = np.array([reply.scale for reply in accepted]).reshape(n, 1, 1)
+    for start in range(0, flat.shape[0], step):
+        size = min(step, flat.shape[0] - start)
+        for k, reply in enumerate(accepted):
+            reply.read(name, start, start + size, out=block[k, :size])
+        flat[start : start + size] = _rank_rule(block[:, :size] * scales, rule, trim)
+    return out
 
 
 def _rank_rule(block: np.ndarray, rule: str, trim: int) -> np.ndarray:
@@ -159,7 +184,3 @@ def _rank_rule(block: np.ndarray, rule: str, trim: int) -> np.ndarray:
         return np.median(block, axis=0)
     ordered = np.sort(block, axis=0)
     return ordered[trim : block.shape[0] - trim].mean(axis=0)
-
-
-def _index(rows: np.ndarray | None) -> Any:
-    return slice(None) if rows is None else rows

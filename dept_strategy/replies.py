@@ -2,35 +2,53 @@
 whether it may be used; every reply that does not count is logged and recorded with its
 reason, so a round never loses one silently.
 
-Training replies are decoded here (:meth:`ReplyDesk.decode_train`) and spooled for the round
-(:mod:`dept_strategy.aggregate`), those too large clipped or dropped
-(:meth:`ReplyDesk.screened`) and the rest credited (:meth:`ReplyDesk.credit`); evaluation
-replies are range-checked (:meth:`ReplyDesk.check_eval`).
+Training replies are decoded here (:meth:`ReplyDesk.decode_train`), spooled for the round
+(:mod:`dept_strategy.spool`) and folded into its running mean (:mod:`dept_strategy.aggregate`)
+straight from the message, those too large clipped or dropped (:meth:`ReplyDesk.screened`)
+and the rest credited (:meth:`ReplyDesk.credit`); evaluation replies are range-checked
+(:meth:`ReplyDesk.check_eval`).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 
 import numpy as np
-from flwr.app import Message, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 
 from dept import keys
-from dept_strategy.aggregate import RoundSpool, Spooled
+from dept_strategy.aggregate import RunningMean
 from dept_strategy.history import RunHistory
 from dept_strategy.inflight import InFlight, Target
-from dept_strategy.screening import Flagged
+from dept_strategy.screening import Flagged, SizeTally
+from dept_strategy.spool import RoundSpool, Spooled
 from dept_strategy.validation import (
     RejectedReply,
     check_train_reply,
     finite_metric,
     finite_metrics,
+    record_of,
     reply_source,
 )
 
 ExpectedShapes = Callable[[str], tuple[dict[str, tuple[int, ...]], np.ndarray | None]]
+
+
+@dataclass(frozen=True)
+class Intake:
+    """Where a round's training replies go once checked, and what each must be: the shapes
+    and φ rows a source was sent (``expected``), the most tokens a round can train, the
+    compression, the φ tensor names (sized apart), the spool, and the running mean (None
+    under a robust rule, which reads the spool instead)."""
+
+    expected: ExpectedShapes
+    max_weight: float
+    compression: str
+    embedding_names: tuple[str, ...]
+    spool: RoundSpool
+    running: RunningMean | None
 
 
 @dataclass
@@ -78,7 +96,7 @@ class ReplyDesk:
             self.failed(target, "no reply within the round timeout")
 
     def _state_event(self, target: Target, content: RecordDict) -> None:
-        info = content.config_records.get(keys.INFO)
+        info = record_of(content, keys.INFO, ConfigRecord)
         event = str(info.get(keys.STATE_EVENT, "")) if info is not None else ""
         if event:
             self.history.state_event(self.round, target.node, event, target.source)
@@ -115,33 +133,44 @@ class ReplyDesk:
             loss += arrival.spooled.weight * arrival.metrics.get(keys.TRAIN_LOSS, math.nan)
         return MetricRecord({keys.TRAIN_LOSS: loss / weight, keys.NUM_EXAMPLES: weight})
 
-    def decode_train(
-        self,
-        reply: Message,
-        target: Target,
-        spool: RoundSpool,
-        expected: ExpectedShapes,
-        max_weight: float,
-        compression: str,
-    ) -> Arrival | None:
-        """The reply's Δ checked, decoded and spooled; None (recorded) when it is refused."""
-        arrays = reply.content.array_records.get(keys.ARRAYS)
+    def take_train(self, replies: Iterable[Message], intake: Intake) -> list[Arrival]:
+        """The round's training replies that decode, each taken in (:meth:`decode_train`)
+        and let go before the next is pulled from ``replies`` (which may be a stream), so
+        the server holds one at a time."""
+        arrivals = []
+        for reply in replies:
+            target = self.claim(reply)
+            arrival = self.decode_train(reply, target, intake) if target is not None else None
+            del reply  # the loop would hold it while the next one is pulled
+            if arrival is not None:
+                arrivals.append(arrival)
+        return arrivals
+
+    def decode_train(self, reply: Message, target: Target, intake: Intake) -> Arrival | None:
+        """The reply's Δ checked, decoded, spooled and folded into the running mean, read
+        twice from the message's own bytes (first to check, size and spool it, then, once
+        it is known to be whole, to fold it in); None (recorded) when it is refused."""
+        arrays = record_of(reply.content, keys.ARRAYS, ArrayRecord)
         bytes_up = arrays.count_bytes() if arrays is not None else 0
         self.history.record_bytes_up(self.round, bytes_up)
+        tally = SizeTally(intake.embedding_names)
         try:
             check_source(reply.content, target)
-            shapes, rows = expected(target.source)
-            delta, weight = check_train_reply(reply.content, shapes, max_weight, rows, compression)
+            shapes, rows = intake.expected(target.source)
+            update = check_train_reply(
+                reply.content, shapes, intake.max_weight, rows, intake.compression
+            )
+            path, layout = intake.spool.write(tally.observe(update.tensors()))
         except RejectedReply as exc:
             self.rejected(target, str(exc))
             return None
-        try:
-            spooled = spool.add(delta, weight, rows)
         except OSError as exc:  # a full disk costs this reply, not the round
             self.rejected(target, f"the server could not keep it on disk ({exc})")
             return None
-        metrics = finite_metrics(reply.content.metric_records[keys.METRICS])
-        return Arrival(target, spooled, metrics, bytes_up)
+        spooled = Spooled(path, update.weight, rows, tally.stats(), layout)
+        if intake.running is not None:
+            intake.running.add(spooled, update.tensors())
+        return Arrival(target, spooled, update.metrics, bytes_up)
 
     def check_eval(self, reply: Message, target: Target) -> dict[str, float] | None:
         """The reply's evaluation metrics, range-checked; None (recorded) when refused."""
@@ -166,7 +195,7 @@ EVAL_FLOORS = {keys.VAL_BPB: 0.0, keys.VAL_LOSS: 0.0, keys.VAL_PPL: 1.0, keys.VA
 
 def check_eval_metrics(content: RecordDict) -> dict[str, float]:
     """Finite, in-range evaluation metrics, or :class:`RejectedReply` naming the metric."""
-    metrics = content.metric_records.get(keys.METRICS)
+    metrics = record_of(content, keys.METRICS, MetricRecord)
     if metrics is None:
         raise RejectedReply(f"no '{keys.METRICS}' record")
     for name, floor in EVAL_FLOORS.items():

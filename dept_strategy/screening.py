@@ -22,7 +22,7 @@ different number of φ rows) compare alike.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass, fields
 
 import numpy as np
@@ -30,6 +30,7 @@ import numpy as np
 from dept.config import AGGREGATIONS as RULES
 from dept.config import OUTLIER_ACTIONS
 
+CHUNK_VALUES = 1 << 20  # values converted to float64 at once
 REACH_SLACK = 1.05  # compression error feedback and float rounding on top of the bound
 
 
@@ -72,17 +73,36 @@ class UpdateStats:
         return UpdateStats(**{k: v * factor for k, v in asdict(self).items()})
 
 
-def update_stats(delta: dict[str, np.ndarray], embedding_names: tuple[str, ...]) -> UpdateStats:
-    """The sizes of ``delta``; sums of squares in float64, so 3e38 does not overflow them."""
-    parts = {"body": [0.0, 0, 0.0], "embedding": [0.0, 0, 0.0]}  # sum of squares, count, max
-    for name, value in delta.items():
-        part = parts["embedding" if name in embedding_names else "body"]
-        flat = value.reshape(-1).astype(np.float64)
-        part[0] += float(np.dot(flat, flat))
+class SizeTally:
+    """The sums behind :class:`UpdateStats`, fed one tensor at a time as a reply is read, so
+    no whole reply is needed at once; in float64, so 3e38 does not overflow them."""
+
+    def __init__(self, embedding_names: tuple[str, ...]) -> None:
+        self.embedding_names = embedding_names
+        # part -> [sum of squares, count, max |value|]
+        self.parts = {"body": [0.0, 0, 0.0], "embedding": [0.0, 0, 0.0]}
+
+    def add(self, name: str, value: np.ndarray) -> None:
+        part = self.parts["embedding" if name in self.embedding_names else "body"]
+        flat = value.reshape(-1)
+        for start in range(0, flat.size, CHUNK_VALUES):  # float64 copies of a chunk only
+            chunk = flat[start : start + CHUNK_VALUES].astype(np.float64)
+            part[0] += float(np.dot(chunk, chunk))
+            part[2] = max(part[2], float(np.abs(chunk).max(initial=0.0)))
         part[1] += flat.size
-        part[2] = max(part[2], float(np.abs(flat).max(initial=0.0)))
-    rms = {k: math.sqrt(v[0] / v[1]) if v[1] else 0.0 for k, v in parts.items()}
-    return UpdateStats(rms["body"], parts["body"][2], rms["embedding"], parts["embedding"][2])
+
+    def observe(
+        self, tensors: Iterable[tuple[str, np.ndarray]]
+    ) -> Iterator[tuple[str, np.ndarray]]:
+        """``tensors`` passed on unchanged, each added on the way."""
+        for name, value in tensors:
+            self.add(name, value)
+            yield name, value
+
+    def stats(self) -> UpdateStats:
+        rms = {k: math.sqrt(v[0] / v[1]) if v[1] else 0.0 for k, v in self.parts.items()}
+        body, embedding = self.parts["body"], self.parts["embedding"]
+        return UpdateStats(rms["body"], body[2], rms["embedding"], embedding[2])
 
 
 def lower_median(values: list[float]) -> float:

@@ -3,8 +3,9 @@
 Round t: sample sources (found through :mod:`dept_strategy.discovery`), send each source's
 node the shared tensors with the round's global step, receive pseudo-gradients
 Δ_k = shared_{t-1} − shared_k weighted by tokens trained, check and decode each one
-(float32, fp16 or int8: ``compression``) and spool it as it comes
-(:mod:`dept_strategy.aggregate`), refuse the ones too large to be honest
+(float32, fp16 or int8: ``compression``) in place, spool it and fold it into the round's
+running mean as it comes (:mod:`dept_strategy.spool`, :mod:`dept_strategy.aggregate`), so
+the server holds one reply at a time; refuse the ones too large to be honest
 (:mod:`dept_strategy.screening`), combine the rest (weighted mean, or a robust rule), and take
 the outer optimizer step. Only accepted replies are credited with their tokens.
 
@@ -43,13 +44,14 @@ from flwr.serverapp.strategy import Strategy
 
 from dept import keys
 from dept.config import COMPRESSIONS
-from dept_strategy.aggregate import RoundSpool
+from dept_strategy.aggregate import RunningMean, combine
 from dept_strategy.discovery import SourceDirectory
 from dept_strategy.history import RunHistory
 from dept_strategy.inflight import InFlight, Target
 from dept_strategy.outer import OuterOptimizer
-from dept_strategy.replies import Arrival, ReplyDesk
+from dept_strategy.replies import Arrival, Intake, ReplyDesk
 from dept_strategy.screening import Defences, UpdateStats, median_stats, screen
+from dept_strategy.spool import RoundSpool
 from dept_strategy.vocabularies import SourceVocabularies
 
 log = logging.getLogger(__name__)
@@ -286,22 +288,30 @@ class DeptStrategy(Strategy):
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         desk = self._desk(server_round)
-        with RoundSpool(self._spool(server_round), self.shapes, self.embedding_names) as spool:
-            arrivals = []
-            for reply in replies:  # may be a stream: each is spooled, then let go
-                target = desk.claim(reply)
-                if target is None:
-                    continue
-                arrival = desk.decode_train(
-                    reply,
-                    target,
-                    spool,
-                    self._expected,
-                    self.max_tokens_per_round,
-                    self.compression,
-                )
-                if arrival is not None:
-                    arrivals.append(arrival)
+        accepted = self._step(server_round, replies, desk)
+        if accepted is None:
+            return None, None
+        self.reference = median_stats([a.spooled.stats for a in accepted]) or self.reference
+        return self.shared_tensors(), desk.credit(accepted)
+
+    def _step(
+        self, server_round: int, replies: Iterable[Message], desk: ReplyDesk
+    ) -> list[Arrival] | None:
+        """Take the round's replies in, screen them, combine them and step the outer
+        optimizer; the replies that counted, or None (the model unchanged). Whatever the
+        round held (spool, running mean) is let go on return, before the body is serialised."""
+        rule = self.defences.aggregation
+        with RoundSpool(self._spool(server_round)) as spool:
+            running = RunningMean(self.shapes, self.embedding_names) if rule == "mean" else None
+            intake = Intake(
+                self._expected,
+                self.max_tokens_per_round,
+                self.compression,
+                self.embedding_names,
+                spool,
+                running,
+            )
+            arrivals = desk.take_train(replies, intake)
             self._close(desk)
             accepted = self._screen(server_round, arrivals, desk)
             if len(accepted) < self.min_train_replies:
@@ -312,15 +322,17 @@ class DeptStrategy(Strategy):
                     len(accepted),
                     self.min_train_replies,
                 )
-                return None, None
-            delta, frozen_rows = spool.combine(
+                return None
+            delta, frozen_rows = combine(
                 [a.spooled for a in accepted],
-                self.defences.aggregation,
-                self.defences.trim_fraction,
+                self.shapes,
+                self.embedding_names,
+                running,
+                rule=rule,
+                trim_fraction=self.defences.trim_fraction,
             )
         self.outer.step(delta, frozen_rows)
-        self.reference = median_stats([a.spooled.stats for a in accepted]) or self.reference
-        return self.shared_tensors(), desk.credit(accepted)
+        return accepted
 
     def _spool(self, server_round: int) -> Path:
         if self.spool_dir is None:
@@ -332,7 +344,7 @@ class DeptStrategy(Strategy):
         (:func:`dept_strategy.screening.screen`) clipped to the round's median or dropped."""
         reach, rules = 0.0, self.defences
         if rules.reach is not None:
-            max_weight = max(float(t.abs().max()) for t in self.outer.tensors().values())
+            max_weight = max(_largest(t) for t in self.outer.tensors().values())
             reach = rules.reach(self.history.global_step(server_round), max_weight)
         flagged = screen(
             [a.spooled.stats for a in arrivals],
@@ -385,6 +397,14 @@ def _check_settings(
         raise ValueError(f"local_steps must be >= 1, got {local_steps}")
     if compression not in COMPRESSIONS:
         raise ValueError(f"compression must be one of {COMPRESSIONS}, got {compression!r}")
+
+
+def _largest(tensor: torch.Tensor) -> float:
+    """max |value|, without the tensor-sized temporary of ``tensor.abs()``."""
+    if tensor.numel() == 0:
+        return 0.0
+    low, high = torch.aminmax(tensor)
+    return max(-float(low), float(high))
 
 
 def _rng_tuple(state: list[Any]) -> tuple[Any, ...]:

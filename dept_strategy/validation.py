@@ -1,18 +1,35 @@
 """Checks on a training reply before it may touch the body; a bad reply is dropped, not fatal.
 
 A reply's pseudo-gradient is decoded here (``compression``), so aggregation only ever sees
-float32 tensors of the shapes that were sent."""
+float32 tensors of the shapes that were sent. It is read in place: the arrays are views of
+the bytes the message holds, decoded one tensor at a time (:class:`TrainUpdate`), so the
+server never holds a second, decoded copy of a reply."""
 
 from __future__ import annotations
 
+import io
 import math
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import TypeVar
 
 import numpy as np
-import torch
-from flwr.app import ArrayRecord, MetricRecord, RecordDict
+from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 
 from dept import keys
-from dept.compression import CompressionError, decode, payload_keys
+from dept.compression import CompressionError, decode_array, payload_keys
+
+Record = TypeVar("Record", ArrayRecord, MetricRecord, ConfigRecord)
+
+
+def record_of(content: RecordDict, key: str, kind: type[Record]) -> Record | None:
+    """``content[key]`` if it is a ``kind`` record, else None.
+
+    Not ``content.array_records`` and its siblings: each builds a dict in a reference cycle
+    that holds the whole ``content`` (a body, for a training reply) until the garbage
+    collector next runs, so the replies of a round would pile up."""
+    value = content.get(key)
+    return value if isinstance(value, kind) else None
 
 
 class RejectedReply(ValueError):
@@ -40,9 +57,30 @@ def finite_metrics(metrics: MetricRecord) -> dict[str, float]:
 
 
 def reply_source(content: RecordDict) -> str:
-    info = content.config_records.get(keys.INFO)
+    info = record_of(content, keys.INFO, ConfigRecord)
     source = info.get(keys.SOURCE) if info is not None else None
     return str(source) if source else "?"
+
+
+@dataclass(frozen=True)
+class TrainUpdate:
+    """A reply's pseudo-gradient as it travelled (read-only views of the message's arrays),
+    its weight and its finite metrics; :meth:`tensors` decodes it one tensor at a time."""
+
+    arrays: dict[str, np.ndarray]
+    shapes: dict[str, tuple[int, ...]]
+    compression: str
+    weight: float
+    metrics: dict[str, float]
+
+    def tensors(self) -> Iterator[tuple[str, np.ndarray]]:
+        """(name, float32 value) in the order of ``shapes``, or :class:`RejectedReply` at the
+        first tensor that does not decode (wrong dtype or shape, NaN, bad scales)."""
+        for name, shape in self.shapes.items():
+            try:
+                yield name, decode_array(self.arrays, name, shape, self.compression)
+            except CompressionError as exc:
+                raise RejectedReply(f"{self.compression} payload: {exc}") from exc
 
 
 def check_train_reply(
@@ -51,18 +89,19 @@ def check_train_reply(
     max_weight: float,
     row_ids: np.ndarray | None = None,
     compression: str = "none",
-) -> tuple[dict[str, np.ndarray], float]:
-    """The reply's pseudo-gradient (keyed like what was sent, decoded to float32) and its
-    weight, or :class:`RejectedReply`.
+) -> TrainUpdate:
+    """The reply's pseudo-gradient (keyed like what was sent), weight and metrics, or
+    :class:`RejectedReply`; its values are checked as :meth:`TrainUpdate.tensors` decodes
+    them.
 
     The weight is tokens trained, so it cannot exceed what the round's local steps can
     consume (``max_weight``): a larger claim would let one client outweigh all others.
     ``row_ids`` (TRIM) are the φ rows the source was sent; the reply must name the same.
     ``compression`` is how every client encodes its Δ (:mod:`dept.compression`).
     """
-    arrays = content.array_records.get(keys.ARRAYS)
-    metrics = content.metric_records.get(keys.METRICS)
-    if arrays is None or metrics is None or keys.INFO not in content.config_records:
+    arrays = record_of(content, keys.ARRAYS, ArrayRecord)
+    metrics = record_of(content, keys.METRICS, MetricRecord)
+    if arrays is None or metrics is None or record_of(content, keys.INFO, ConfigRecord) is None:
         raise RejectedReply(f"missing record(s); has {sorted(content.keys())}")
     weight = finite_metric(metrics, keys.NUM_EXAMPLES)
     if not 0 < weight <= max_weight:
@@ -72,13 +111,22 @@ def check_train_reply(
             raise RejectedReply(f"no '{keys.EMBEDDING_IDS}' beside the embedding rows")
         if not np.array_equal(_read(arrays, keys.EMBEDDING_IDS), row_ids):
             raise RejectedReply(f"'{keys.EMBEDDING_IDS}' differ from the rows it was sent")
-        arrays = ArrayRecord({k: v for k, v in arrays.items() if k != keys.EMBEDDING_IDS})
-    return _decode(arrays, shapes, compression), weight
+    expected = payload_keys(set(shapes), compression)
+    names = set(arrays.keys())
+    if row_ids is not None:
+        names.discard(keys.EMBEDDING_IDS)
+    missing, extra = sorted(expected - names), sorted(names - expected)
+    if missing or extra:
+        raise RejectedReply(
+            f"keys differ from what was sent: missing {missing[:3]}, unexpected {extra[:3]}"
+        )
+    views = {name: _read(arrays, name) for name in sorted(expected)}
+    return TrainUpdate(views, shapes, compression, weight, finite_metrics(metrics))
 
 
 def check_vocabulary(content: RecordDict, num_rows: int) -> np.ndarray:
     """TRIM: a source's V_k from its query reply: sorted, unique ids below ``num_rows``."""
-    arrays = content.array_records.get(keys.ARRAYS)
+    arrays = record_of(content, keys.ARRAYS, ArrayRecord)
     if arrays is None or keys.EMBEDDING_IDS not in arrays:
         raise RejectedReply(f"the vocabulary reply has no '{keys.EMBEDDING_IDS}' array")
     ids = _read(arrays, keys.EMBEDDING_IDS)
@@ -91,9 +139,30 @@ def check_vocabulary(content: RecordDict, num_rows: int) -> np.ndarray:
 
 def _read(arrays: ArrayRecord, name: str) -> np.ndarray:
     try:
-        return arrays[name].numpy()
+        return npy_view(arrays[name])
     except Exception as exc:  # any undecodable payload (wrong type, truncated, object dtype)
         raise RejectedReply(f"'{name}' cannot be read as an array: {exc!r}") from exc
+
+
+NPY_HEADER_BYTES = 1 << 16  # np.save writes a header of about 128 bytes; format 1.0's limit
+
+
+def npy_view(array: Array) -> np.ndarray:
+    """The array a Flower ``Array`` holds, as a read-only view of its ``.npy`` bytes:
+    ``Array.numpy()`` would copy them, a second body per reply of the body."""
+    if array.stype != "numpy.ndarray":
+        raise TypeError(f"serialisation type {array.stype!r}, not numpy.ndarray")
+    header = io.BytesIO(array.data[:NPY_HEADER_BYTES])
+    version = np.lib.format.read_magic(header)
+    read_header = (
+        np.lib.format.read_array_header_1_0
+        if version == (1, 0)
+        else np.lib.format.read_array_header_2_0
+    )
+    shape, fortran_order, dtype = read_header(header)
+    count = math.prod(shape)
+    value = np.frombuffer(array.data, dtype=dtype, count=count, offset=header.tell())
+    return value.reshape(shape, order="F" if fortran_order else "C")
 
 
 def finite_metric(metrics: MetricRecord, key: str) -> float:
@@ -102,28 +171,3 @@ def finite_metric(metrics: MetricRecord, key: str) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
         raise RejectedReply(f"'{key}' must be a finite number, got {value!r}")
     return float(value)
-
-
-def _decode(
-    arrays: ArrayRecord, shapes: dict[str, tuple[int, ...]], compression: str
-) -> dict[str, np.ndarray]:
-    expected = payload_keys(set(shapes), compression)
-    missing, extra = sorted(expected - arrays.keys()), sorted(arrays.keys() - expected)
-    if missing or extra:
-        raise RejectedReply(
-            f"keys differ from what was sent: missing {missing[:3]}, unexpected {extra[:3]}"
-        )
-    received = {name: _tensor(arrays, name) for name in expected}
-    try:
-        delta = decode(received, shapes, compression)
-    except CompressionError as exc:
-        raise RejectedReply(f"{compression} payload: {exc}") from exc
-    return {name: value.numpy() for name, value in delta.items()}
-
-
-def _tensor(arrays: ArrayRecord, name: str) -> torch.Tensor:
-    value = _read(arrays, name)
-    try:
-        return torch.from_numpy(value)  # shares the memory Flower decoded into
-    except (TypeError, ValueError) as exc:  # a dtype or byte order torch has no tensor for
-        raise RejectedReply(f"'{name}' has unsupported dtype {value.dtype}: {exc}") from exc

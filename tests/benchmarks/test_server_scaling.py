@@ -4,7 +4,7 @@ import json
 import math
 from pathlib import Path
 
-from benchmarks.server_scaling import body_shapes, main
+from benchmarks.server_scaling import PAPER_BODIES, body_shapes, llama_body, main
 
 
 def test_body_shapes_come_close_to_the_size_asked() -> None:
@@ -13,15 +13,24 @@ def test_body_shapes_come_close_to_the_size_asked() -> None:
         assert 0.7 * size < params < 1.3 * size
 
 
+def test_the_paper_bodies_have_the_paper_sizes() -> None:
+    params = {
+        n: sum(math.prod(s) for s in llama_body(*d).values()) for n, d in PAPER_BODIES.items()
+    }
+    assert 2.8e8 < params["350m"] < 3.2e8
+    assert 1.2e9 < params["1.3b"] < 1.4e9
+
+
 def test_server_scaling_quick(tmp_path: Path) -> None:
     out = tmp_path / "out"
 
-    argv = ["--sizes", "3e5", "--replies", "2", "--out", str(out), "--spool", str(tmp_path)]
-    assert main(argv) == 0
+    argv = ["--sizes", "3e5", "--replies", "3", "--out", str(out), "--spool", str(tmp_path)]
+    assert main([*argv, "--modes", "mean-clipped"]) == 0  # the mean, refolded from the spool
 
     result = json.loads((out / "server_scaling.json").read_text())
-    paths = {r["path"]: r for r in result["runs"]}
-    assert set(paths) == {"streamed", "strategy"}
-    assert paths["strategy"]["messages_x_body"] > 1.9  # both replies held at once
-    assert paths["streamed"]["peak_x_body"] > 0 and paths["streamed"]["seconds"] > 0
+    runs = {r["path"]: r for r in result["runs"]}
+    assert set(runs) == {"streamed", "strategy"}
+    assert runs["strategy"]["held_x_body"] > 2.9  # the replies held before the round
+    assert runs["streamed"]["held_x_body"] == 0
+    assert all(r["clipped"] == 1 and 0 < r["traced_x_body"] < 3 for r in runs.values())
     assert isinstance(result["met"], bool)

@@ -4,7 +4,7 @@ overflow."""
 import numpy as np
 import pytest
 
-from dept_strategy.screening import UpdateStats, median_stats, screen, update_stats
+from dept_strategy.screening import SizeTally, UpdateStats, median_stats, screen
 
 
 def _stats(rms: float, biggest: float | None = None) -> UpdateStats:
@@ -13,7 +13,9 @@ def _stats(rms: float, biggest: float | None = None) -> UpdateStats:
 
 def test_sizes_of_an_update_near_the_float32_limit_do_not_overflow() -> None:
     delta = {"w": np.full((4, 4), 3e38, np.float32), "input": np.ones((2, 3), np.float32)}
-    stats = update_stats(delta, embedding_names=("input",))
+    tally = SizeTally(embedding_names=("input",))
+    assert [n for n, _ in tally.observe(delta.items())] == ["w", "input"], "passed on as is"
+    stats = tally.stats()
     assert stats.body_rms == pytest.approx(3e38, rel=1e-6) and stats.body_max == pytest.approx(3e38)
     assert stats.embedding_rms == 1.0 and stats.embedding_max == 1.0
 
