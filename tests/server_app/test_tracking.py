@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -164,6 +165,9 @@ def test_a_resumed_run_goes_on_in_the_same_folder_and_w_and_b_run(
     with pytest.raises(CheckpointCrash):
         federate_in_process(run_config)
     monkeypatch.setattr(server_app.federation, "save_checkpoint", save)
+    # W&B names an offline run's folder by the second it started and the run id: an attempt
+    # resumed within the same second (only a test is that quick) would share the first's.
+    time.sleep(1.01 - time.time() % 1)
     # Execute: round 1 again, from round 0's checkpoint
     out = federate_in_process({**run_config, "resume": True})
     # Assert: one folder, each round once, the resumed attempt's round 1
