@@ -1,17 +1,27 @@
 # SuperExec: runs the project's ServerApp (beside the SuperLink) or ClientApps (beside each
 # SuperNode). The app bundle (FAB) arrives at run time; its dependencies must already be
-# here, because runtime installation stays off. TORCH_INDEX picks the torch build: the CPU
-# wheels by default, a CUDA index for the GPU image (see compose.gpu.yml).
-ARG FLWR_VERSION=1.42.0
-FROM flwr/superexec:${FLWR_VERSION}
+# here, because runtime installation stays off. BASE_IMAGE: Flower's own image by default,
+# or any image with its layout and flwr (flwr-base.Dockerfile's, which smoke.sh builds where
+# no registry can be reached).
+ARG BASE_IMAGE=flwr/superexec:1.42.0
+FROM ${BASE_IMAGE}
 
+# The torch build: a wheel of TORCH_VERSION in docker/wheels/ if there is one (CI puts the
+# CPU wheel pip finds on its machine there, since it reaches no other index), else from
+# TORCH_INDEX: the CPU wheels by default, a CUDA index for the GPU image (compose.gpu.yml).
 ARG TORCH_INDEX=https://download.pytorch.org/whl/cpu
 ARG TORCH_VERSION=2.13.0
 WORKDIR /app
 
-# torch first (pinned, within pyproject's "<2.14"), from its own index, so that the
-# project's torch requirement is already met and pip does not pull a second build from PyPI.
-RUN python -m pip install --no-cache-dir --index-url "${TORCH_INDEX}" "torch==${TORCH_VERSION}"
+# torch first (pinned, within pyproject's "<2.14"), so that the project's torch requirement
+# is already met and pip does not pull a second (CUDA) build from PyPI. The wheel is bind
+# mounted, not copied: it would stay in a layer beside the installed copy. (Pinned: "$@" is
+# the wheel of TORCH_VERSION or torch==TORCH_VERSION.)
+# hadolint ignore=DL3013
+RUN --mount=type=bind,source=docker/wheels,target=/tmp/wheels \
+    set -- /tmp/wheels/torch-"${TORCH_VERSION}"[+-]*.whl \
+    && if [ ! -e "$1" ]; then set -- --index-url "${TORCH_INDEX}" "torch==${TORCH_VERSION}"; fi \
+    && python -m pip install --no-cache-dir "$@"
 
 # flwr itself is the image's (the same pinned version); the simulation extra (Ray) is not
 # needed in a deployment, so it is dropped before installing.
