@@ -6,21 +6,21 @@
 ARG BASE_IMAGE=flwr/superexec:1.42.0
 FROM ${BASE_IMAGE}
 
-# The torch build: a wheel of TORCH_VERSION in docker/wheels/ if there is one (CI puts the
-# CPU wheel pip finds on its machine there, since it reaches no other index), else from
-# TORCH_INDEX: the CPU wheels by default, a CUDA index for the GPU image (compose.gpu.yml).
+# The torch build: from TORCH_INDEX, the CPU wheels by default, a CUDA index for the GPU
+# image (compose.gpu.yml); or, where that index cannot be reached (CI here), the wheel
+# docker/wheels/TORCH_WHEEL (smoke.sh passes the one it finds there).
 ARG TORCH_INDEX=https://download.pytorch.org/whl/cpu
 ARG TORCH_VERSION=2.13.0
+ARG TORCH_WHEEL=""
 WORKDIR /app
 
 # torch first (pinned, within pyproject's "<2.14"), so that the project's torch requirement
 # is already met and pip does not pull a second (CUDA) build from PyPI. The wheel is bind
-# mounted, not copied: it would stay in a layer beside the installed copy. (Pinned: "$@" is
-# the wheel of TORCH_VERSION or torch==TORCH_VERSION.)
+# mounted, not copied: it would stay in a layer beside the installed copy.
 # hadolint ignore=DL3013
 RUN --mount=type=bind,source=docker/wheels,target=/tmp/wheels \
-    set -- /tmp/wheels/torch-"${TORCH_VERSION}"[+-]*.whl \
-    && if [ ! -e "$1" ]; then set -- --index-url "${TORCH_INDEX}" "torch==${TORCH_VERSION}"; fi \
+    if [ -n "${TORCH_WHEEL}" ]; then set -- "/tmp/wheels/${TORCH_WHEEL}"; \
+    else set -- --index-url "${TORCH_INDEX}" "torch==${TORCH_VERSION}"; fi \
     && python -m pip install --no-cache-dir "$@"
 
 # flwr itself is the image's (the same pinned version); the simulation extra (Ray) is not
