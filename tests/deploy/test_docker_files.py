@@ -75,8 +75,11 @@ def test_images_pin_the_installed_flwr_version() -> None:
 def test_the_build_context_lets_in_what_the_dockerfiles_copy() -> None:
     """.dockerignore shuts out all but what it names (not the venv, data or caches): every
     COPY and bind-mount source must be named there, or the build fails at that step."""
-    admitted = [line[1:] for line in (PROJECT / ".dockerignore").read_text().splitlines()
-                if line.startswith("!")]
+    admitted = [
+        line[1:]
+        for line in (PROJECT / ".dockerignore").read_text().splitlines()
+        if line.startswith("!")
+    ]
     copy = re.compile(r"^COPY (?:--\S+ )*(.+) \S+$", re.MULTILINE)
     mount = re.compile(r"--mount=type=bind,source=([^,\s]+)")
     for dockerfile in DOCKERFILES:
