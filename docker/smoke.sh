@@ -158,6 +158,7 @@ plain_phase() {
     SUPERLINK_PORT=$(free_port)
     compose "${args[@]}" up -d >"$OUT/plain-up.log" 2>&1 || fail "plain: up"
     profile "$FLWR_HOME/config.toml" "127.0.0.1:$SUPERLINK_PORT"
+    wait_for 120 "the SuperLink" flwr supernode ls
     start_run 3 4 150 # long enough that the kill lands while node-1 trains
 
     wait_for "$WAIT_S" "node-1 training in round 2" \
