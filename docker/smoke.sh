@@ -197,13 +197,19 @@ outsider() { # outsider ADDRESS COMMAND...: the flwr CLI, holding ca.crt, on the
         sh "$@" 2>&1
 }
 
+refusal() { # refusal ANSWER PATTERN: the line of flwr's boxed error that matches
+    tr -d '│╭╮╰╯─' <<<"$1" | grep -m1 -E "$2" | tr -s ' '
+}
+
 check_outsider() { # the gateway answers 403; the SuperLink's port is not on that network
-    local answer
+    local answer line
     answer=$(outsider gateway:8443 ls) && fail "tls: the outsider listed the runs: $answer"
-    grep -q "403" <<<"$answer" || fail "tls: the gateway did not answer 403: $answer"
-    echo "flwr ls through gateway:8443: $(grep -m1 "403" <<<"$answer")" >"$OUT/tls/outsider.txt"
+    line=$(refusal "$answer" "403 Forbidden") || fail "tls: the gateway did not answer 403: $answer"
+    echo "flwr ls through gateway:8443:$line" >"$OUT/tls/outsider.txt"
     answer=$(outsider superlink:8000 ls) && fail "tls: the outsider reached the SuperLink: $answer"
-    echo "flwr ls at superlink:8000: $(grep -v '^\s*$' <<<"$answer" | tail -1)" >>"$OUT/tls/outsider.txt"
+    line=$(refusal "$answer" "unavailable|refused|resolve") ||
+        fail "tls: no connection error at superlink:8000: $answer"
+    echo "flwr ls at superlink:8000:$line" >>"$OUT/tls/outsider.txt"
     log "tls: the outsider is refused:"
     sed 's/^/  /' "$OUT/tls/outsider.txt"
 }
