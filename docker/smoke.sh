@@ -198,7 +198,7 @@ outsider() { # outsider ADDRESS COMMAND...: the flwr CLI, holding ca.crt, on the
 }
 
 refusal() { # refusal ANSWER PATTERN: the line of flwr's boxed error that matches
-    tr -d '│╭╮╰╯─' <<<"$1" | grep -m1 -E "$2" | tr -s ' '
+    tr -d '│╭╮╰╯─' <<<"$1" | grep -m1 -E "$2" | tr -s ' ' | sed 's/ *$//'
 }
 
 check_outsider() { # the gateway answers 403; the SuperLink's port is not on that network
