@@ -1,7 +1,7 @@
 """The compose federation for real: ``docker/smoke.sh`` builds the images, runs the plain
 federation (four sources, one node killed mid-round and recreated on its state volume) and
 the TLS one (node authentication, the gateway, an outsider refused), and takes it all down.
-Slow (builds and two federations: about 10 minutes on 2 cores). Runs wherever a container
+Slow (builds and two federations: about 9 minutes on 2 cores). Runs wherever a container
 engine answers, and skips saying why where none does, unless ``DEPT_CONTAINER_TEST=required``
 (``.ci/run`` sets it), when a missing engine fails the test instead."""
 
