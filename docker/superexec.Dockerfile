@@ -1,17 +1,27 @@
 # SuperExec: runs the project's ServerApp (beside the SuperLink) or ClientApps (beside each
 # SuperNode). The app bundle (FAB) arrives at run time; its dependencies must already be
-# here, because runtime installation stays off. TORCH_INDEX picks the torch build: the CPU
-# wheels by default, a CUDA index for the GPU image (see compose.gpu.yml).
-ARG FLWR_VERSION=1.42.0
-FROM flwr/superexec:${FLWR_VERSION}
+# here, because runtime installation stays off. BASE_IMAGE: Flower's own image by default,
+# or any image with its layout and flwr (flwr-base.Dockerfile's, which smoke.sh builds where
+# no registry can be reached).
+ARG BASE_IMAGE=flwr/superexec:1.42.0
+FROM ${BASE_IMAGE}
 
+# The torch build: from TORCH_INDEX, the CPU wheels by default, a CUDA index for the GPU
+# image (compose.gpu.yml); or, where that index cannot be reached (CI here), the wheel
+# docker/wheels/TORCH_WHEEL (smoke.sh passes the one it finds there).
 ARG TORCH_INDEX=https://download.pytorch.org/whl/cpu
 ARG TORCH_VERSION=2.13.0
+ARG TORCH_WHEEL=""
 WORKDIR /app
 
-# torch first (pinned, within pyproject's "<2.14"), from its own index, so that the
-# project's torch requirement is already met and pip does not pull a second build from PyPI.
-RUN python -m pip install --no-cache-dir --index-url "${TORCH_INDEX}" "torch==${TORCH_VERSION}"
+# torch first (pinned, within pyproject's "<2.14"), so that the project's torch requirement
+# is already met and pip does not pull a second (CUDA) build from PyPI. The wheel is bind
+# mounted, not copied: it would stay in a layer beside the installed copy.
+# hadolint ignore=DL3013
+RUN --mount=type=bind,source=docker/wheels,target=/tmp/wheels \
+    if [ -n "${TORCH_WHEEL}" ]; then set -- "/tmp/wheels/${TORCH_WHEEL}"; \
+    else set -- --index-url "${TORCH_INDEX}" "torch==${TORCH_VERSION}"; fi \
+    && python -m pip install --no-cache-dir "$@"
 
 # flwr itself is the image's (the same pinned version); the simulation extra (Ray) is not
 # needed in a deployment, so it is dropped before installing.

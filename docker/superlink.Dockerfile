@@ -1,8 +1,10 @@
 # SuperLink: the federation's coordinator. It never runs project code (the ServerApp runs
 # in the SuperExec container, "--isolation process"), so Flower's own image is all it needs;
 # the tag is pinned to the flwr version pyproject.toml requires.
-ARG FLWR_VERSION=1.42.0
-FROM flwr/superlink:${FLWR_VERSION}
+# BASE_IMAGE: Flower's own image by default; any image with its layout and flwr (such as
+# flwr-base.Dockerfile's, which smoke.sh builds where no registry can be reached).
+ARG BASE_IMAGE=flwr/superlink:1.42.0
+FROM ${BASE_IMAGE}
 
 # State (runs, registered SuperNode keys) lives in /app/state: mount a volume there so a
 # restarted SuperLink keeps it.

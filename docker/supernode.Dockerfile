@@ -1,7 +1,9 @@
 # SuperNode: one per data source. It connects to the SuperLink and hands each message to
 # its SuperExec ("--isolation process"), which runs the ClientApp; no project code here.
-ARG FLWR_VERSION=1.42.0
-FROM flwr/supernode:${FLWR_VERSION}
+# BASE_IMAGE: Flower's own image by default; any image with its layout and flwr (such as
+# flwr-base.Dockerfile's, which smoke.sh builds where no registry can be reached).
+ARG BASE_IMAGE=flwr/supernode:1.42.0
+FROM ${BASE_IMAGE}
 
 WORKDIR /app
 EXPOSE 9094

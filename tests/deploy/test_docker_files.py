@@ -1,8 +1,10 @@
-"""docker/ without a Docker engine: hadolint on every Dockerfile, every compose file against
-the compose specification, the gateway's nginx template through both ways of filling it in and
-``nginx -t``, and the wiring a deployment depends on (flwr version, one executor, data volume
-and state volume per SuperNode; only the gateway on a public interface; the SuperExec secret
-and the gateway for every node in the TLS overlay)."""
+"""docker/ without a container engine: hadolint on every Dockerfile, shellcheck on every
+script, every compose file against the compose specification, the gateway's nginx template
+through both ways of filling it in and ``nginx -t``, and the wiring a deployment depends on
+(flwr version, what the build context lets in, one executor, data volume and state volume per
+SuperNode; only the gateway on a public interface; the SuperExec secret and the gateway for
+every node in the TLS overlay, the SuperLink off the nodes' network; a GPU of its own per
+executor). ``test_compose.py`` builds and runs it all for real."""
 
 from __future__ import annotations
 
@@ -20,9 +22,12 @@ import yaml
 from dept.certificates import make_certificates
 from tests.deploy import gateway
 
-DOCKER = Path(__file__).resolve().parents[2] / "docker"
+PROJECT = Path(__file__).resolve().parents[2]
+DOCKER = PROJECT / "docker"
 BIN = Path(sys.executable).parent
 DOCKERFILES = sorted(DOCKER.glob("*.Dockerfile"))
+ROLES = ("superlink", "supernode", "superexec")  # built on Flower's image of that name
+SCRIPTS = [*sorted(DOCKER.glob("*.sh")), PROJECT / ".ci" / "run"]
 COMPOSE_FILES = sorted(DOCKER.glob("compose*.yml"))
 SECRET = "/app/certs/superexec.secret"
 PLACEHOLDER = re.compile(r"\$\{([A-Z][A-Z0-9_]*)\}")
@@ -41,6 +46,12 @@ def test_dockerfile_passes_hadolint(dockerfile: Path) -> None:
     assert done.returncode == 0, done.stdout + done.stderr
 
 
+@pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.name)
+def test_script_passes_shellcheck(script: Path) -> None:
+    done = subprocess.run([tool("shellcheck"), str(script)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
 @pytest.mark.parametrize("compose", COMPOSE_FILES, ids=lambda p: p.name)
 def test_compose_file_follows_the_compose_spec(compose: Path) -> None:
     done = subprocess.run(
@@ -53,9 +64,33 @@ def test_compose_file_follows_the_compose_spec(compose: Path) -> None:
 
 def test_images_pin_the_installed_flwr_version() -> None:
     installed = version("flwr")
+    for role in ROLES:
+        text = (DOCKER / f"{role}.Dockerfile").read_text()
+        assert f"ARG BASE_IMAGE=flwr/{role}:{installed}\n" in text, role
+        assert "FROM ${BASE_IMAGE}\n" in text, role
+    stand_in = re.search(r"ARG FLWR_VERSION=(\S+)", (DOCKER / "flwr-base.Dockerfile").read_text())
+    assert stand_in and stand_in.group(1) == installed
+
+
+def test_the_build_context_lets_in_what_the_dockerfiles_copy() -> None:
+    """.dockerignore shuts out all but what it names (not the venv, data or caches): every
+    COPY and bind-mount source must be named there, or the build fails at that step."""
+    admitted = [
+        line[1:]
+        for line in (PROJECT / ".dockerignore").read_text().splitlines()
+        if line.startswith("!")
+    ]
+    copy = re.compile(r"^COPY (?:--\S+ )*(.+) \S+$", re.MULTILINE)
+    mount = re.compile(r"--mount=type=bind,source=([^,\s]+)")
     for dockerfile in DOCKERFILES:
-        pinned = re.search(r"ARG FLWR_VERSION=(\S+)", dockerfile.read_text())
-        assert pinned and pinned.group(1) == installed, dockerfile.name
+        text = dockerfile.read_text()
+        sources = [s for m in copy.finditer(text) for s in m.group(1).split()]
+        sources += mount.findall(text)
+        for source in sources:
+            assert any(p == source or p.startswith(f"{source}/") for p in admitted), (
+                dockerfile.name,
+                source,
+            )
 
 
 def test_every_supernode_has_its_executor_data_and_state() -> None:
@@ -110,7 +145,8 @@ def test_only_the_gateway_is_published_on_public_interfaces(compose: Path) -> No
 
 def test_the_gateway_is_pinned_and_fills_every_placeholder() -> None:
     service = _services("compose.tls.yml")["gateway"]
-    assert re.fullmatch(r"nginx:\d+\.\d+\.\d+(-alpine)?", service["image"]), service["image"]
+    pinned = r"\$\{GATEWAY_IMAGE:-nginx:\d+\.\d+\.\d+(-alpine)?\}"
+    assert re.fullmatch(pinned, service["image"]), service["image"]
     assert _public_ports(service), "the gateway is the public door"
     placeholders = set(PLACEHOLDER.findall(gateway.TEMPLATE.read_text()))
     assert placeholders == set(service["environment"]), placeholders
@@ -138,6 +174,35 @@ def test_tls_overlay_secures_every_supernode() -> None:
         security = environment["SUPERLINK_SECURITY"]
         assert "--root-certificates" in security and "--auth-supernode-private-key" in security
         assert environment["SUPERLINK_ADDRESS"] == "${SUPERLINK_ADDRESS:-gateway:8443}", node
+
+
+def test_tls_overlay_keeps_the_superlink_off_the_nodes_network() -> None:
+    """On the nodes' network (default) only the gateway leads to the SuperLink: whatever else
+    runs there cannot reach its Control API."""
+    overlay = _services("compose.tls.yml")
+    assert overlay["superlink"]["networks"] == ["control"]
+    assert overlay["superexec-serverapp"]["networks"] == ["control"]
+    assert set(overlay["gateway"]["networks"]) == {"control", "default"}
+    for name, service in overlay.items():
+        if name.startswith(("supernode-", "superexec-clientapp-")):
+            assert "networks" not in service, name
+
+
+def test_gpu_overlay_gives_every_executor_a_gpu_of_its_own() -> None:
+    """device_ids, not count: count=1 on every executor put them all on GPU 0."""
+    executors = [s for s in _services("compose.yml") if s.startswith("superexec-clientapp-")]
+    overlay = _services("compose.gpu.yml")
+    assert set(overlay) == set(executors)
+    defaults = []
+    for name in executors:
+        (device,) = overlay[name]["deploy"]["resources"]["reservations"]["devices"]
+        assert "count" not in device and device["capabilities"] == ["gpu"], name
+        (ids,) = device["device_ids"]
+        index = name.removeprefix("superexec-clientapp-")
+        default = re.fullmatch(rf"\$\{{NODE{index}_GPU:-(\d+)\}}", ids)
+        assert default, (name, ids)
+        defaults.append(default.group(1))
+    assert len(set(defaults)) == len(executors), defaults
 
 
 def test_the_template_renders_the_same_through_envsubst(tmp_path: Path) -> None:

@@ -1,0 +1,92 @@
+"""The compose federation for real: ``docker/smoke.sh`` builds the images, runs the plain
+federation (four sources, one node killed mid-round and recreated on its state volume) and
+the TLS one (node authentication, the gateway, an outsider refused), and takes it all down.
+Slow (builds and two federations: about 9 minutes on 2 cores). Runs wherever a container
+engine answers, and skips saying why where none does, unless ``DEPT_CONTAINER_TEST=required``
+(``.ci/run`` sets it), when a missing engine fails the test instead."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SMOKE = Path(__file__).resolve().parents[2] / "docker" / "smoke.sh"
+BIN = Path(sys.executable).parent  # flwr, dept and podman-compose of this venv
+# docker/python-base.sh's image: where it exists, the images are built on it (no registry).
+PYTHON_BASE = "localhost/dept-python-base:bookworm"
+SMOKE_S = 1800
+IMAGES = {f"dept-flower/{role}:0.1.0" for role in ("superlink", "supernode", "superexec")}
+
+
+def _answers(*command: str) -> bool:
+    try:
+        done = subprocess.run(command, capture_output=True, timeout=120)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return done.returncode == 0
+
+
+def container_engine() -> tuple[str | None, str]:
+    """The engine smoke.sh would use and its compose tool, or why there is none."""
+    for engine, compose in (("podman", [str(BIN / "podman-compose")]), ("docker", ["docker"])):
+        if shutil.which(engine) is None:
+            continue
+        if not _answers(engine, "info"):
+            return None, f"{engine} is installed but '{engine} info' fails"
+        if not _answers(*compose, *(["compose"] if engine == "docker" else []), "version"):
+            return None, f"{engine} answers but its compose tool does not"
+        return engine, ""
+    return None, "no container engine (podman or docker) on PATH"
+
+
+@pytest.fixture
+def engine() -> str:
+    found, reason = container_engine()
+    if found is None:
+        if os.environ.get("DEPT_CONTAINER_TEST") == "required":
+            pytest.fail(f"DEPT_CONTAINER_TEST=required, but {reason}")
+        pytest.skip(reason)
+    return found
+
+
+def smoke(engine: str, out: Path) -> subprocess.CompletedProcess:
+    """smoke.sh to its end; on a timeout (or pytest's) it gets SIGTERM, so its trap still
+    takes every container, network and volume down."""
+    env = {**os.environ, "ENGINE": engine, "SMOKE_OUT": str(out)}
+    env["PATH"] = f"{BIN}{os.pathsep}{env['PATH']}"
+    if _answers(engine, "image", "inspect", PYTHON_BASE):
+        env["PYTHON_BASE"] = PYTHON_BASE
+    process = subprocess.Popen(
+        ["bash", str(SMOKE)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    try:
+        output, _ = process.communicate(timeout=SMOKE_S)
+    finally:
+        if process.poll() is None:
+            process.terminate()
+            process.communicate(timeout=300)
+    return subprocess.CompletedProcess(process.args, process.returncode, output)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(SMOKE_S + 360)
+def test_the_compose_federation_builds_runs_and_recovers(engine: str, tmp_path: Path) -> None:
+    out = tmp_path / "smoke"
+    done = smoke(engine, out)
+    assert done.returncode == 0, done.stdout[-8000:]
+
+    # What the script checked, read back from what it kept.
+    built = {line.split("\t")[0] for line in (out / "builds.tsv").read_text().splitlines()}
+    assert built >= IMAGES, built
+    plain = json.loads((out / "plain" / "summary.json").read_text())
+    assert len(plain["sources"]) == 4 and plain["avg_val_bpb"] < plain["initial_avg_val_bpb"]
+    assert "embeddings from the state of round 1" in (out / "plain" / "reload.txt").read_text()
+    tls = json.loads((out / "tls" / "summary.json").read_text())
+    assert len(tls["sources"]) == 3 and tls["avg_val_bpb"] < tls["initial_avg_val_bpb"]
+    assert "403" in (out / "tls" / "outsider.txt").read_text()
