@@ -25,6 +25,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 TEXT = "text"
+RECORD_BYTES = 8_000_000  # text per record batch written: few headers, small reads
 BUCKET_BYTES = 32_000_000  # text per bucket when rows are written in a shuffled order
 # The characters str.isspace() knows: a row holding only these is blank (as str.strip() says).
 WHITESPACE = (
@@ -164,12 +165,23 @@ def write(rows: Rows, path: Path) -> None:
 
 def _write_in_order(rows: Rows, out: pa.ipc.RecordBatchStreamWriter) -> None:
     """Rows in increasing order: one pass, each piece's chosen rows taken as it is read."""
-    start = 0
+    start, taken = 0, []
     for piece in columns(rows.table, rows.column):
         lo, hi = np.searchsorted(rows.ids, [start, start + len(piece)])
-        if hi > lo:
-            out.write_batch(pa.record_batch([piece.take(rows.ids[lo:hi] - start)], [TEXT]))
+        taken.append(piece.take(rows.ids[lo:hi] - start))
         start += len(piece)
+        if sum(t.nbytes for t in taken) >= RECORD_BYTES:
+            _write_sized(out, pa.concat_arrays(taken))
+            taken = []
+    if taken:
+        _write_sized(out, pa.concat_arrays(taken))
+
+
+def _write_sized(out: pa.ipc.RecordBatchStreamWriter, texts: pa.Array) -> None:
+    """``texts`` in record batches of about :data:`RECORD_BYTES`."""
+    rows = max(1, int(len(texts) * RECORD_BYTES / max(1, texts.nbytes)))
+    for at in range(0, len(texts), rows):
+        out.write_batch(pa.record_batch([texts.slice(at, rows)], [TEXT]))
 
 
 def _write_shuffled(
@@ -201,5 +213,5 @@ def _write_shuffled(
             with pa.OSFile(str(bucket)) as source:
                 table = pa.ipc.open_stream(source).read_all()
             order = pc.sort_indices(table["position"])
-            out.write_table(table.select([TEXT]).take(order))
+            _write_sized(out, table[TEXT].take(order).combine_chunks())
             bucket.unlink()

@@ -41,6 +41,11 @@ STDLIB_VAL_EVERY = 20
 TOKENS_FORMAT = 2  # 1: one .npz of int32 per source; 2: memory-mapped shards (dept.shards)
 SAMPLE_STREAM = 0x70C  # the tokenizer sample's random stream, apart from the run's others
 SPLITS = ("train", "validation")
+# Rows per record batch in the Arrow files datasets builds (its default is 1,000; its
+# builders' own chunks of about 10 MB cap it). Mapping a table reads every batch's header,
+# and each read maps ~64 KB around it (the kernel's fault-around): 1,000-row batches of a
+# 2 GB source would leave ~450 MB resident before any pass.
+WRITER_ROWS = 100_000
 
 
 @dataclass
@@ -115,7 +120,9 @@ def _written(
 def _load_files(builder: str, files: dict[str, str], spec: SourceSpec) -> dict[str, Rows]:
     kwargs = {"sample_by": spec.sample_by} if builder == "text" else {}
     try:  # (StopIteration is what datasets' json builder raises for an empty file)
-        loaded = datasets.load_dataset(builder, data_files=files, **kwargs)
+        loaded = datasets.load_dataset(
+            builder, data_files=files, writer_batch_size=WRITER_ROWS, **kwargs
+        )
     except (DatasetGenerationError, ValueError, pa.ArrowException, StopIteration) as exc:
         raise _load_error(spec, exc) from exc
     return {k: _text_only(v, spec, _files_named(spec, files[k])) for k, v in loaded.items()}
@@ -232,7 +239,8 @@ def _load_hub(spec: SourceSpec, cache_dir: Path, seed: int) -> SourceText:
         prefix = _streamed_prefix(spec, load, cache_dir)
         rows = _text_only(prefix, spec, origin, column=arrow_text.TEXT)
     else:
-        rows = _text_only(datasets.load_dataset(split=spec.split, **load), spec, origin)
+        table = datasets.load_dataset(split=spec.split, writer_batch_size=WRITER_ROWS, **load)
+        rows = _text_only(table, spec, origin)
     if not spec.val_split:
         key = _reading_key(spec, digest(dataset_id, len(rows.ids)), seed)
         return _written(spec, cache_dir, key, lambda: _hold_out(rows, spec, seed))
