@@ -4,10 +4,13 @@ Documents are tokenized, joined with an EOS after each, and cut into fixed-lengt
 (``seq_len + 1`` tokens, so every block yields ``seq_len`` next-token targets). The token
 stream is written to disk shard by shard and read by memory map (:mod:`dept.shards`), in a
 cache next to the source's state keyed by the tokenizer and the data's content (not its
-path), so no round re-tokenizes and memory does not grow with the source. Text is read
-from ``datasets``' memory-mapped Arrow tables in batches, never whole. Training walks a
-seeded permutation of the blocks and remembers where it stopped (:class:`StreamPosition`),
-so the next round continues instead of restarting.
+path), so no round re-tokenizes and memory does not grow with the source. ``datasets``
+reads and parses the files; each split (blank rows dropped, documents held out, the
+``max-train-bytes`` cut) is then written once to an Arrow file of its own, keyed likewise,
+and every pass over the text reads it by plain reads (:mod:`dept.arrow_text`), never by a
+memory map that would keep its pages resident. Training walks a seeded permutation of the
+blocks and remembers where it stopped (:class:`StreamPosition`), so the next round
+continues instead of restarting.
 """
 
 from __future__ import annotations
