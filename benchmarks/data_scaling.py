@@ -8,13 +8,14 @@ seeded) and prepared in a fresh process, as ``dept prepare`` does for SPEC-OPT: 
 through ``datasets``, a tokenizer trained on its ``tokenizer-sample-bytes`` sample, every
 document tokenized into the memory-mapped shards. Measured per size:
 
-- peak RSS of the preparing process (the kernel's high-water mark, ``wait4``; the
-  tokenizer's encoder runs as threads in that process, so it holds every worker), and its
-  peak anonymous RSS (sampled from ``/proc``): the memory it allocated, without the pages of
-  memory-mapped files (the Arrow text, the token file), which the kernel can drop and
-  re-read at will;
+- peak RSS of the preparing process and its children (the kernel's high-water mark,
+  ``wait4``; the tokenizer's encoder runs as threads in that process, so it holds every
+  worker), and its peak anonymous RSS (sampled from ``/proc``): the memory it allocated,
+  without the pages of mapped files. The text is read by plain reads
+  (:mod:`dept.arrow_text`), so the two differ by the libraries' code, not by the source;
 - tokenization MB/s (text bytes of both splits / wall seconds), the cores it kept busy
-  (CPU seconds / wall seconds) and MB/s per available core.
+  (CPU seconds / wall seconds), MB/s per available core, and the machine's load average
+  over that minute (on a shared machine, other work takes cores from the encoder's threads).
 
 Flat memory means the largest size's peak at most 1.2x the smallest's (``flat`` for RSS,
 ``flat_anon`` for anonymous RSS in the JSON). Generated data,
@@ -85,6 +86,7 @@ def prepare_here(folder: Path, state: Path, vocab_size: int) -> dict[str, Any]:
         "tokenizer_s": trained - loaded,
         "tokenize_s": done - trained,
         "tokenize_cpu_s": _cpu_seconds() - cpu,
+        "load_avg": os.getloadavg()[0],
         "train_tokens": len(tokens.train),
         "validation_tokens": len(tokens.validation),
         "dtype": str(tokens.train.dtype),
@@ -183,10 +185,11 @@ def main(argv: list[str] | None = None) -> int:
         f"Preparing a source (SPEC-OPT tokenizer, vocab {args.vocab_size}): peak RSS "
         f"{ratio:.2f}x from smallest to largest (anonymous {anon_ratio:.2f}x; flat: <= {FLAT}x)",
         ["size GB", "peak RSS MB", "peak anon MB", "tokenize MB/s", "cores busy",
-         "MB/s per core", "load s", "tokenizer s", "tokens"],
+         "MB/s per core", "load avg", "load s", "tokenizer s", "tokens"],
         [
             [r["size_gb"], r["peak_rss_mb"], r["peak_anon_mb"], r["mb_per_s"], r["cores_busy"],
-             r["mb_per_s_per_core"], r["load_s"], r["tokenizer_s"], r["train_tokens"]]
+             r["mb_per_s_per_core"], r["load_avg"], r["load_s"], r["tokenizer_s"],
+             r["train_tokens"]]
             for r in rows
         ],
     )  # fmt: skip

@@ -4,10 +4,13 @@ Documents are tokenized, joined with an EOS after each, and cut into fixed-lengt
 (``seq_len + 1`` tokens, so every block yields ``seq_len`` next-token targets). The token
 stream is written to disk shard by shard and read by memory map (:mod:`dept.shards`), in a
 cache next to the source's state keyed by the tokenizer and the data's content (not its
-path), so no round re-tokenizes and memory does not grow with the source. Text is read
-from ``datasets``' memory-mapped Arrow tables in batches, never whole. Training walks a
-seeded permutation of the blocks and remembers where it stopped (:class:`StreamPosition`),
-so the next round continues instead of restarting.
+path), so no round re-tokenizes and memory does not grow with the source. ``datasets``
+reads and parses the files; each split (blank rows dropped, documents held out, the
+``max-train-bytes`` cut) is then written once to an Arrow file of its own, keyed likewise,
+and every pass over the text reads it by plain reads (:mod:`dept.arrow_text`), never by a
+memory map that would keep its pages resident. Training walks a seeded permutation of the
+blocks and remembers where it stopped (:class:`StreamPosition`), so the next round
+continues instead of restarting.
 """
 
 from __future__ import annotations
@@ -28,6 +31,8 @@ from datasets.exceptions import DatasetGenerationError
 from filelock import FileLock
 from transformers import PreTrainedTokenizerFast
 
+from dept import arrow_text
+from dept.arrow_text import Rows
 from dept.fingerprint import digest, files_key
 from dept.shards import Plan, tokenized_splits
 from dept.sources import BUILTIN_PREFIX, HF_PREFIX, SourceSpec, source_files
@@ -38,6 +43,12 @@ BUILDER_BY_SUFFIX = {".txt": "text", ".json": "json", ".jsonl": "json", ".parque
 STDLIB_VAL_EVERY = 20
 TOKENS_FORMAT = 2  # 1: one .npz of int32 per source; 2: memory-mapped shards (dept.shards)
 SAMPLE_STREAM = 0x70C  # the tokenizer sample's random stream, apart from the run's others
+SPLITS = ("train", "validation")
+# Rows per record batch in the Arrow files datasets builds (its default is 1,000; its
+# builders' own chunks of about 10 MB cap it). Mapping a table reads every batch's header,
+# and each read maps ~64 KB around it (the kernel's fault-around): 1,000-row batches of a
+# 2 GB source would leave ~450 MB resident before any pass.
+WRITER_ROWS = 100_000
 
 
 @dataclass
@@ -61,10 +72,13 @@ def _load_dir(spec: SourceSpec, cache_dir: Path, seed: int) -> SourceText:
         "train": str(Path(spec.path) / "train.txt"),
         "validation": str(Path(spec.path) / "val.txt"),
     }
-    text = _load_files("text", files, spec)
-    train = _capped(text["train"], spec.max_train_bytes)
     key = _reading_key(spec, files_key(source_files(spec)))
-    return SourceText(train, text["validation"], key, folder=Path(spec.path))
+
+    def choose() -> dict[str, Rows]:
+        text = _load_files("text", files, spec)
+        return {**text, "train": text["train"].capped(spec.max_train_bytes)}
+
+    return _written(spec, cache_dir, key, choose, folder=Path(spec.path))
 
 
 def _load_file_table(spec: SourceSpec, cache_dir: Path, seed: int) -> SourceText:
@@ -75,19 +89,46 @@ def _load_file_table(spec: SourceSpec, cache_dir: Path, seed: int) -> SourceText
             f"source {spec.name!r}: cannot read {spec.path} "
             f"(supported: {', '.join(BUILDER_BY_SUFFIX)})"
         )
-    table = _load_files(BUILDER_BY_SUFFIX[suffix], {"train": spec.path}, spec)["train"]
-    return _hold_out(table, spec, seed, files_key(source_files(spec)))
+    key = _reading_key(spec, files_key(source_files(spec)), seed)
+
+    def choose() -> dict[str, Rows]:
+        rows = _load_files(BUILDER_BY_SUFFIX[suffix], {"train": spec.path}, spec)["train"]
+        return _hold_out(rows, spec, seed)
+
+    return _written(spec, cache_dir, key, choose)
 
 
-def _load_files(builder: str, files: dict[str, str], spec: SourceSpec) -> datasets.DatasetDict:
+def _written(
+    spec: SourceSpec,
+    cache_dir: Path,
+    key: str,
+    choose: Callable[[], dict[str, Rows]],
+    folder: Path | None = None,
+) -> SourceText:
+    """The splits ``choose`` picks, written once to files of their own (:mod:`dept.arrow_text`)
+    keyed by what they are, and read from there by every later load."""
+    out = cache_dir / "text" / f"{spec.name}-{key}"
+    paths = {split: out / f"{split}.arrow" for split in SPLITS}
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(out) + ".lock"):
+        if not all(p.is_file() for p in paths.values()):
+            chosen = choose()
+            out.mkdir(parents=True, exist_ok=True)
+            for split, path in paths.items():
+                arrow_text.write(chosen[split], path)
+    train, validation = (datasets.Dataset.from_file(str(paths[s])) for s in SPLITS)
+    return SourceText(train, validation, key, folder)
+
+
+def _load_files(builder: str, files: dict[str, str], spec: SourceSpec) -> dict[str, Rows]:
     kwargs = {"sample_by": spec.sample_by} if builder == "text" else {}
     try:  # (StopIteration is what datasets' json builder raises for an empty file)
-        loaded = datasets.load_dataset(builder, data_files=files, **kwargs)
+        loaded = datasets.load_dataset(
+            builder, data_files=files, writer_batch_size=WRITER_ROWS, **kwargs
+        )
     except (DatasetGenerationError, ValueError, pa.ArrowException, StopIteration) as exc:
         raise _load_error(spec, exc) from exc
-    return datasets.DatasetDict(
-        {k: _text_only(v, spec, _files_named(spec, files[k])) for k, v in loaded.items()}
-    )
+    return {k: _text_only(v, spec, _files_named(spec, files[k])) for k, v in loaded.items()}
 
 
 def _files_named(spec: SourceSpec, pattern: str) -> str:
@@ -127,42 +168,40 @@ def _chain(exc: BaseException) -> Iterator[BaseException]:
         current = current.__cause__ or current.__context__
 
 
-def _text_only(table: datasets.Dataset, spec: SourceSpec, origin: str) -> datasets.Dataset:
-    """The ``text`` column of ``table`` (read from ``origin``), blank and null rows dropped."""
-    column = spec.text_column
+def _text_only(
+    table: datasets.Dataset, spec: SourceSpec, origin: str, column: str | None = None
+) -> Rows:
+    """The rows of ``table`` (read from ``origin``) with text in ``column`` (default: the
+    source's ``text-column``), blank and null rows dropped."""
+    column = column or spec.text_column
     if column not in table.column_names:
         raise ValueError(
             f"source {spec.name!r}: no column {column!r} in {origin} "
             f"(columns: {', '.join(table.column_names)}); set 'text-column'"
         )
-    table = table.select_columns([column])
-    if column != "text":
-        table = table.rename_column(column, "text")
-    table = table.filter(_has_text(spec, origin), with_indices=True)
-    if not len(table):
-        raise ValueError(f"source {spec.name!r}: {origin} has no text (no non-blank {column!r})")
-    return table
+    try:
+        rows = arrow_text.scan(table, column)
+    except arrow_text.NotTextError as exc:
+        raise ValueError(
+            f"source {spec.name!r}: column {spec.text_column!r} of {origin} holds "
+            f"{exc.found} values (row {exc.row}), not text"
+        ) from None
+    if not len(rows.ids):
+        raise _no_text(spec, origin)
+    return rows
 
 
-def _has_text(spec: SourceSpec, origin: str) -> Callable[[dict, int], bool]:
-    """A row filter keeping non-blank text; a value that is neither text nor null is an error."""
-
-    def has_text(row: dict, index: int) -> bool:
-        text = row["text"]
-        if text is not None and not isinstance(text, str):
-            raise ValueError(
-                f"source {spec.name!r}: column {spec.text_column!r} of {origin} holds "
-                f"{type(text).__name__} values (row {index}), not text"
-            )
-        return bool(text and text.strip())
-
-    return has_text
+def _no_text(spec: SourceSpec, origin: str) -> ValueError:
+    column = spec.text_column
+    return ValueError(f"source {spec.name!r}: {origin} has no text (no non-blank {column!r})")
 
 
-def _hold_out(table: datasets.Dataset, spec: SourceSpec, seed: int, content: str) -> SourceText:
-    parts = table.train_test_split(test_size=spec.val_fraction, seed=seed, shuffle=True)
-    train = _capped(parts["train"], spec.max_train_bytes)
-    return SourceText(train, parts["test"], _reading_key(spec, content, seed))
+def _hold_out(rows: Rows, spec: SourceSpec, seed: int) -> dict[str, Rows]:
+    train, validation = arrow_text.held_out(len(rows.ids), spec.val_fraction, seed)
+    return {
+        "train": rows.take(train).capped(spec.max_train_bytes),
+        "validation": rows.take(validation),
+    }
 
 
 def _reading_key(spec: SourceSpec, content: str, seed: int | None = None) -> str:
@@ -172,45 +211,23 @@ def _reading_key(spec: SourceSpec, content: str, seed: int | None = None) -> str
     return digest(content, options, spec.streaming, spec.max_train_bytes, spec.sample_by, seed)
 
 
-def _capped(table: datasets.Dataset, max_bytes: int) -> datasets.Dataset:
-    """The first documents of ``table`` before the one reaching ``max_bytes`` of text in
-    all (at least one; 0 = no cap), their sizes counted by Arrow batch by batch."""
-    if not max_bytes:
-        return table
-    total = 0
-    for start, sizes in _byte_sizes(table):
-        cumulative = total + np.cumsum(sizes)
-        if cumulative[-1] >= max_bytes:
-            cut = start + int(np.searchsorted(cumulative, max_bytes))
-            return table.select(range(max(1, cut)))
-        total = int(cumulative[-1])
-    return table
-
-
-def _byte_sizes(table: datasets.Dataset) -> Iterator[tuple[int, np.ndarray]]:
-    """(first row, UTF-8 bytes of each document) per batch of ``table``'s rows."""
-    arrow, rows = table.with_format("arrow"), Plan.for_table(table).rows_per_batch
-    for start in range(0, len(table), rows):
-        lengths = pc.binary_length(arrow[start : start + rows]["text"])
-        yield start, lengths.to_numpy().astype(np.int64)
-
-
 def text_sample(table: datasets.Dataset, max_bytes: int, seed: int) -> Iterator[str]:
     """About ``max_bytes`` of ``table``'s documents, in their order, to train a tokenizer on.
 
     All of them when they fit; else each is kept with probability ``max_bytes`` / total
     (seeded), until the ones kept reach ``max_bytes`` (so never more than that and one
     document). A seeded sample, not the first documents: a corpus sorted by topic or date
-    would give a lopsided vocabulary.
+    would give a lopsided vocabulary. Two passes over the text, by plain reads.
     """
-    total = sum(int(sizes.sum()) for _, sizes in _byte_sizes(table))
+    rows = Plan.for_table(table).rows_per_batch
+    sizes = (pc.binary_length(texts) for texts in arrow_text.batches(table, 0, rows))
+    total = sum(pc.sum(size).as_py() or 0 for size in sizes)
     keep = min(1.0, max_bytes / max(total, 1))
     rng = np.random.default_rng([seed, SAMPLE_STREAM])
-    arrow, taken = table.with_format("arrow"), 0
-    for start, sizes in _byte_sizes(table):
-        chosen = rng.random(len(sizes)) < keep
-        texts = arrow[start : start + len(sizes)]["text"].filter(pa.array(chosen))
-        for text, size in zip(texts.to_pylist(), sizes[chosen], strict=True):
+    taken = 0
+    for texts in arrow_text.batches(table, 0, rows):
+        chosen = texts.filter(pa.array(rng.random(len(texts)) < keep))
+        for text, size in zip(chosen.to_pylist(), pc.binary_length(chosen).to_numpy(), strict=True):
             yield text
             taken += int(size)
             if taken >= max_bytes:
@@ -220,19 +237,23 @@ def text_sample(table: datasets.Dataset, max_bytes: int, seed: int) -> Iterator[
 def _load_hub(spec: SourceSpec, cache_dir: Path, seed: int) -> SourceText:
     dataset_id = spec.path[len(HF_PREFIX) :]
     load = {"path": dataset_id, "name": spec.config or None, "streaming": spec.streaming}
+    origin = _hub_split(spec, spec.split)
     if spec.streaming:
-        table = _streamed_prefix(spec, load, cache_dir)
+        prefix = _streamed_prefix(spec, load, cache_dir)
+        rows = _text_only(prefix, spec, origin, column=arrow_text.TEXT)
     else:
-        table = datasets.load_dataset(split=spec.split, **load)
-        table = _text_only(table, spec, _hub_split(spec, spec.split))
-    if spec.val_split:
-        val = datasets.load_dataset(split=spec.val_split, **load)
-        val_rows = val if not spec.streaming else _take_bytes(val, spec, 2_000_000)
-        val_table = datasets.Dataset.from_list(list(val_rows))
-        val_table = _text_only(val_table, spec, _hub_split(spec, spec.val_split))
-        key = _reading_key(spec, digest(dataset_id, len(table), len(val_table)))
-        return SourceText(_capped(table, spec.max_train_bytes), val_table, key)
-    return _hold_out(table, spec, seed, digest(dataset_id, len(table)))
+        table = datasets.load_dataset(split=spec.split, writer_batch_size=WRITER_ROWS, **load)
+        rows = _text_only(table, spec, origin)
+    if not spec.val_split:
+        key = _reading_key(spec, digest(dataset_id, len(rows.ids)), seed)
+        return _written(spec, cache_dir, key, lambda: _hold_out(rows, spec, seed))
+    val = datasets.load_dataset(split=spec.val_split, **load)
+    val_rows = val if not spec.streaming else _take_bytes(val, spec, 2_000_000)
+    val_table = datasets.Dataset.from_list(list(val_rows))
+    validation = _text_only(val_table, spec, _hub_split(spec, spec.val_split))
+    key = _reading_key(spec, digest(dataset_id, len(rows.ids), len(validation.ids)))
+    train = rows.capped(spec.max_train_bytes)
+    return _written(spec, cache_dir, key, lambda: {"train": train, "validation": validation})
 
 
 def _hub_split(spec: SourceSpec, split: str) -> str:
@@ -252,8 +273,10 @@ def _streamed_prefix(spec: SourceSpec, load: dict, cache_dir: Path) -> datasets.
         if not path.is_file():
             stream = datasets.load_dataset(split=spec.split, **load)
             rows = _take_bytes(stream, spec, spec.max_train_bytes or 100_000_000)
-            table = datasets.Dataset.from_list(rows)
-            _text_only(table, spec, _hub_split(spec, spec.split)).to_parquet(str(path))
+            if not rows:
+                raise _no_text(spec, _hub_split(spec, spec.split))
+            texts = [row[spec.text_column] for row in rows]
+            datasets.Dataset.from_dict({arrow_text.TEXT: texts}).to_parquet(str(path))
     return datasets.Dataset.from_parquet(str(path))
 
 
@@ -272,7 +295,7 @@ def _take_bytes(stream: datasets.IterableDataset, spec: SourceSpec, max_bytes: i
 def _load_builtin(spec: SourceSpec, cache_dir: Path, seed: int) -> SourceText:
     name = spec.path[len(BUILTIN_PREFIX) :]
     if name == "python-stdlib":
-        return _python_stdlib(spec)
+        return _python_stdlib(spec, cache_dir)
     if name.startswith("synthetic-"):
         folder = ensure_synthetic_corpus(name[len("synthetic-") :], seed, cache_dir / "synthetic")
         dir_spec = SourceSpec(**{**asdict(spec), "path": str(folder)})
@@ -283,20 +306,23 @@ def _load_builtin(spec: SourceSpec, cache_dir: Path, seed: int) -> SourceText:
     )
 
 
-def _python_stdlib(spec: SourceSpec) -> SourceText:
+def _python_stdlib(spec: SourceSpec, cache_dir: Path) -> SourceText:
     """The running interpreter's own standard library sources, one document per module."""
     root = Path(sysconfig.get_paths()["stdlib"])
     files = sorted(p for p in root.glob("*.py") if p.is_file())
     if not files:
         raise FileNotFoundError(f"source {spec.name!r}: no .py files under {root}")
-    texts = [p.read_text(encoding="utf-8", errors="replace") for p in files]
-    val = [t for i, t in enumerate(texts) if i % STDLIB_VAL_EVERY == 0]
-    train = [t for i, t in enumerate(texts) if i % STDLIB_VAL_EVERY != 0]
-    table = datasets.Dataset.from_dict({"text": train})
     key = _reading_key(spec, digest(sys.version, files_key(files)))
-    return SourceText(
-        _capped(table, spec.max_train_bytes), datasets.Dataset.from_dict({"text": val}), key
-    )
+
+    def choose() -> dict[str, Rows]:
+        texts = [p.read_text(encoding="utf-8", errors="replace") for p in files]
+        val = [t for i, t in enumerate(texts) if i % STDLIB_VAL_EVERY == 0]
+        train = [t for i, t in enumerate(texts) if i % STDLIB_VAL_EVERY != 0]
+        tables = (datasets.Dataset.from_dict({arrow_text.TEXT: t}) for t in (train, val))
+        rows = [arrow_text.scan(t, arrow_text.TEXT, keep_blank=True) for t in tables]
+        return {"train": rows[0].capped(spec.max_train_bytes), "validation": rows[1]}
+
+    return _written(spec, cache_dir, key, choose)
 
 
 @dataclass

@@ -1,7 +1,8 @@
 """A split's token stream on disk: written shard by shard, resumable, read by memory map.
 
-Documents are read in batches of about :data:`ENCODE_BYTES` of text and encoded by the fast
-tokenizer's batch encoder, which spreads a batch over every core; an EOS follows each
+Documents are read in batches of about :data:`ENCODE_BYTES` of text (by plain reads,
+:mod:`dept.arrow_text`) and encoded by the fast tokenizer's batch encoder, which spreads a
+batch over every core (Rayon threads); an EOS follows each
 document. Every :data:`BATCHES_PER_SHARD` batches form a shard, appended to one file per
 split (``train.bin``: uint16 where the vocabulary fits, else uint32) and committed by
 recording the shards and tokens done in ``progress-<split>.json``. A preparation killed
@@ -17,7 +18,6 @@ import itertools
 import json
 import logging
 import os
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,6 +25,8 @@ import datasets
 import numpy as np
 from tokenizers import Tokenizer
 from tqdm import tqdm
+
+from dept import arrow_text
 
 ENCODE_BYTES = 4_000_000  # text per batch handed to the encoder
 BATCHES_PER_SHARD = 16  # the unit of resumption: about 64 MB of text
@@ -99,13 +101,15 @@ def write_split(
         unit="doc",
         disable=None,  # a bar on a terminal only
     )
+    texts = arrow_text.batches(table, done["shards"] * plan.rows_per_shard, plan.rows_per_batch)
     with partial.open("r+b" if partial.exists() else "wb") as out, rows:
         out.truncate(done["tokens"] * dtype.itemsize)  # drop what followed the last commit
         out.seek(0, os.SEEK_END)
         for shard in range(done["shards"], shards):
             start = shard * plan.rows_per_shard
             stop = min(len(table), start + plan.rows_per_shard)
-            for ids in _encoded(table, range(start, stop), plan.rows_per_batch, tokenizer, eos):
+            for batch in itertools.islice(texts, plan.batches_per_shard):
+                ids = _encoded(batch.to_pylist(), tokenizer, eos)
                 ids.astype(dtype, copy=False).tofile(out)
                 done["tokens"] += len(ids)
             out.flush()
@@ -135,17 +139,12 @@ def _commit(progress_file: Path, done: dict[str, int]) -> None:
     tmp.replace(progress_file)
 
 
-def _encoded(
-    table: datasets.Dataset, rows: range, batch: int, tokenizer: Tokenizer, eos: int
-) -> Iterator[np.ndarray]:
-    """The token ids of ``rows``, one array per batch of ``batch`` documents, EOS after each."""
-    arrow = table.with_format("arrow")
-    for start in range(rows.start, rows.stop, batch):
-        texts = arrow[start : min(rows.stop, start + batch)]["text"].to_pylist()
-        ids = [e.ids for e in tokenizer.encode_batch_fast(texts, add_special_tokens=False)]
-        lengths = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
-        flat = np.fromiter(itertools.chain.from_iterable(ids), np.int64, int(lengths.sum()))
-        yield np.insert(flat, np.cumsum(lengths), eos)  # (tokens + docs,)
+def _encoded(texts: list[str], tokenizer: Tokenizer, eos: int) -> np.ndarray:
+    """The token ids of ``texts``, an EOS after each document."""
+    ids = [e.ids for e in tokenizer.encode_batch_fast(texts, add_special_tokens=False)]
+    lengths = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
+    flat = np.fromiter(itertools.chain.from_iterable(ids), np.int64, int(lengths.sum()))
+    return np.insert(flat, np.cumsum(lengths), eos)  # (tokens + docs,)
 
 
 def read_split(path: Path, dtype: np.dtype, tokens: int) -> np.ndarray:
