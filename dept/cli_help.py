@@ -23,6 +23,19 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
         return f"{text} (default: %(default)s)" if text else "default: %(default)s"
 
 
+def add_run_config_option(parser: argparse.ArgumentParser, help_text: str) -> None:
+    """``--run-config``/``-c``, repeatable, as ``flwr run`` spells it: every command that
+    takes run config overrides takes them the same way."""
+    parser.add_argument(
+        "--run-config",
+        "-c",
+        action="append",
+        default=[],
+        metavar='"KEY=VALUE ..."',
+        help=help_text,
+    )
+
+
 def _worth_showing(action: argparse.Action) -> bool:
     default = action.default  # ``in (None, False, ...)`` would also drop a default of 0
     return not (default is None or default is False or default in ("", [], argparse.SUPPRESS))

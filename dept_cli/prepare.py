@@ -20,7 +20,7 @@ import click
 from flwr.common.config import parse_config_args
 
 from client_app.node import node_setup, served_sources
-from dept.cli_help import HelpFormatter, plain
+from dept.cli_help import HelpFormatter, add_run_config_option, plain
 from dept.config import ConfigError, DeptConfig, load_config
 from dept.prepare import PreparedSource, prepare_source
 from dept.sources import SourceSpec
@@ -59,13 +59,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         epilog=EXAMPLES,
         formatter_class=HelpFormatter,
     )
-    parser.add_argument(
-        "--run-config",
-        "-c",
-        action="append",
-        default=[],
-        metavar='"KEY=VALUE ..."',
-        help="run config overrides, as for dept run (default: the app's pyproject.toml)",
+    add_run_config_option(
+        parser, "run config overrides, as for dept run (default: the app's pyproject.toml)"
     )
     parser.add_argument(
         "--node-config",

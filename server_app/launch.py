@@ -24,6 +24,7 @@ import click
 from flwr.common.config import parse_config_args
 
 from dept.budget import Device, check_server_fits, check_source_fits, gb, server_need
+from dept.cli_help import add_run_config_option
 from dept.config import ConfigError, DeptConfig, config_keys, load_config, resolve_path
 from dept.devices import resolve_device
 from dept.distributed import check_nproc
@@ -212,13 +213,9 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=f"{EXAMPLES}\n\n{keys_help()}",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument(
-        "--run-config",
-        "-c",
-        action="append",
-        default=[],
-        metavar='"KEY=VALUE ..."',
-        help="run config overrides, as for flwr run (TOML values; repeatable; "
+    add_run_config_option(
+        parser,
+        "run config overrides, as for flwr run (TOML values; repeatable; "
         "default: the app's pyproject.toml, keys below)",
     )
     parser.add_argument(
