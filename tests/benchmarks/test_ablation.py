@@ -20,7 +20,7 @@ def test_the_half_fraction_is_balanced_and_orthogonal() -> None:
     assert any(all(c.high) for c in cells), "the authors' protocol is a cell"
     for i, j in itertools.combinations(range(4), 2):
         pairs = [(c.high[i], c.high[j]) for c in cells]
-        assert all(pairs.count(p) == 2 for p in itertools.product((False, True), repeat=2))
+        assert all(pairs.count((a, b)) == 2 for a in (False, True) for b in (False, True))
 
 
 def test_main_effects_recover_additive_effects() -> None:
