@@ -36,7 +36,9 @@ from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
 
-from dept.cli_help import HelpFormatter, plain
+from flwr.common.config import parse_config_args
+
+from dept.cli_help import HelpFormatter, add_run_config_option, plain
 from dept.config import (
     ConfigError,
     DeptConfig,
@@ -52,6 +54,7 @@ from dept_cli.comparison_report import average_bpb, best_per_method, size_range,
 from dept_cli.in_process import federate_in_process
 from dept_cli.methods import BASELINES, FEDERATED, METHODS, vocab_sizes
 from dept_cli.run_logs import run_logging
+from server_app.launch import absolute_paths
 from server_app.report import dumps
 
 log = logging.getLogger(__name__)
@@ -71,6 +74,7 @@ EPILOG = """how --tokens becomes rounds:
 examples:
   dept compare --sources-file benchmarks/corpora.yaml --model tiny   # ~45 min on 2 CPUs
   dept compare --sources-file my-sources.yaml --methods std-0.3,spec-opt --lrs 0.004 --jobs 4
+  dept compare --sources-file benchmarks/corpora.yaml -c "keep-inner-optimizer=false weight-decay=0"
 """
 
 
@@ -183,6 +187,17 @@ def _run_baseline(plan: Plan) -> dict[str, Any]:
     }
 
 
+# run config key -> the compare option that sets it (other keys compare sets are fixed)
+OWN_OPTIONS = {
+    key: f"--{key}"
+    for key in (
+        "model", "local-steps", "batch-size", "seq-len", "warmup-steps", "global-vocab-size",
+        "eval-bytes", "outer-optimizer", "outer-lr", "outer-momentum", "seed", "device",
+    )
+} | {"num-server-rounds": "--tokens", "sources-file": "--sources-file", "lr": "--lrs",
+     "variant": "--methods", "output-dir": "--out", "state-dir": "--out"}  # fmt: skip
+
+
 def make_plans(args: argparse.Namespace, base: DeptConfig, out: Path) -> list[Plan]:
     """Every method at every rate, the CPU threads shared equally between the jobs."""
     threads = max(1, (os.cpu_count() or 1) // args.jobs)
@@ -220,27 +235,37 @@ def base_config(args: argparse.Namespace, out: Path) -> DeptConfig:
     sources_file = out / COMPARED_SOURCES
     write_sources(sources_file, specs)
     rounds = rounds_for(args.tokens, len(specs), args.local_steps, args.batch_size, args.seq_len)
-    return load_config(
-        {
-            "sources-file": str(sources_file),
-            "model": args.model,
-            "num-server-rounds": rounds,
-            "local-steps": args.local_steps,
-            "batch-size": args.batch_size,
-            "seq-len": args.seq_len,
-            "warmup-steps": args.warmup_steps,  # clamped to a short run's steps by the config
-            "global-vocab-size": args.global_vocab_size,
-            "eval-bytes": args.eval_bytes,
-            "outer-optimizer": args.outer_optimizer,
-            "outer-lr": args.outer_lr,
-            "outer-momentum": args.outer_momentum,
-            "fraction-train": 1.0,
-            "seed": args.seed,
-            "device": args.device,
-            "state-dir": str(out / "state"),
-            "wait-for-nodes-s": 60.0,
-        }
-    )
+    settings = {
+        "sources-file": str(sources_file),
+        "model": args.model,
+        "num-server-rounds": rounds,
+        "local-steps": args.local_steps,
+        "batch-size": args.batch_size,
+        "seq-len": args.seq_len,
+        "warmup-steps": args.warmup_steps,  # clamped to a short run's steps by the config
+        "global-vocab-size": args.global_vocab_size,
+        "eval-bytes": args.eval_bytes,
+        "outer-optimizer": args.outer_optimizer,
+        "outer-lr": args.outer_lr,
+        "outer-momentum": args.outer_momentum,
+        "fraction-train": 1.0,
+        "seed": args.seed,
+        "device": args.device,
+        "state-dir": str(out / "state"),
+        "wait-for-nodes-s": 60.0,
+    }
+    return load_config(settings, overrides=run_config_overrides(args.run_config, settings))
+
+
+def run_config_overrides(given: list[str], settings: dict[str, Any]) -> dict[str, Any]:
+    """``-c`` overrides for keys compare has no option of its own for; a key it sets itself
+    (from its options or its fixed plan) is refused with the option that sets it."""
+    overrides = absolute_paths(parse_config_args(given)) if given else {}
+    own = sorted(set(overrides) & set(settings))
+    if own:
+        options = ", ".join(OWN_OPTIONS.get(k, f"{k} (fixed by compare)") for k in own)
+        raise ConfigError(f"-c {', '.join(own)}: compare sets these itself; use {options}")
+    return overrides
 
 
 def prepare(base: DeptConfig) -> None:
@@ -397,6 +422,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="where runs train: auto, cpu, cuda, cuda:N or mps",
     )
     parser.add_argument("--out", default="outputs/compare", help="folder for the results")
+    add_run_config_option(
+        parser,
+        "run config overrides for every run, for keys compare has no option for "
+        "(e.g. -c 'keep-inner-optimizer=false weight-decay=0.0')",
+    )
     return parser
 
 

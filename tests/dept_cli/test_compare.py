@@ -109,15 +109,31 @@ def test_the_budget_becomes_rounds_as_the_help_says(tmp_path: Path) -> None:
     assert (base.num_server_rounds, base.local_steps) == (9, 4)  # 9000 / (2 x 4 x 2 x 64) = 8.8
 
 
+def test_run_config_overrides_reach_every_run_but_not_compares_own_keys(tmp_path: Path) -> None:
+    args = _args(tmp_path, "-c", "keep-inner-optimizer=false weight-decay=0.0", "--lrs", "0.01")
+    out = tmp_path / "out"
+    base = compare.base_config(args, out)
+
+    assert (base.keep_inner_optimizer, base.weight_decay) == (False, 0.0)
+    for plan in compare.make_plans(args, base, out):
+        assert plan.run_config["keep-inner-optimizer"] is False, plan.method
+    refused = _args(tmp_path, "-c", "local-steps=3 num-server-rounds=2")
+    with pytest.raises(compare.ConfigError) as caught:
+        compare.base_config(refused, out)
+    assert str(caught.value) == (
+        "-c local-steps, num-server-rounds: compare sets these itself; use --local-steps, --tokens"
+    )
+
+
 def test_help_shows_every_default_and_how_the_budget_becomes_rounds() -> None:
     text = compare.build_parser().format_help()
 
     options = re.findall(r"^  (--[a-z-]+)(.*?)(?=^  -|^\S|\Z)", text, re.M | re.S)
-    assert len(options) == 18
+    assert len(options) == 19
     no_default = [
         name for name, help_text in options if "(default: " not in " ".join(help_text.split())
     ]
-    assert no_default == ["--sources-file"], "a required option has no default"
+    assert no_default == ["--sources-file", "--run-config"], "required, or empty by default"
     assert "num-server-rounds = max(1, round(tokens / tokens per round))" in text
     assert "so 6 rounds of 40 steps" in text
 
