@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks import ablation
-from tests.helpers import share_cache
+from tests.helpers import share_cache, synthetic_sources
 
 
 def test_the_half_fraction_is_balanced_and_orthogonal() -> None:
@@ -52,11 +52,7 @@ def test_oscillation_and_bracketing() -> None:
 def test_ablation_runs_every_cell_and_brackets_the_best_rate(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, node_cache: Path
 ) -> None:
-    sources = tmp_path / "sources.yaml"
-    sources.write_text(
-        "- {name: synth-latin, path: 'builtin:synthetic-latin', vocab-size: 600}\n"
-        "- {name: synth-greek, path: 'builtin:synthetic-greek', vocab-size: 600}\n"
-    )
+    sources = synthetic_sources(tmp_path, "latin", "greek")
     monkeypatch.setattr(ablation.compare.os, "cpu_count", lambda: 1)  # one thread, as tests use
     out = tmp_path / "out"
     share_cache(out / "state", node_cache)

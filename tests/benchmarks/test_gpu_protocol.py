@@ -10,7 +10,7 @@ import pytest
 
 from benchmarks import gpu_protocol
 from dept_cli import compare
-from tests.helpers import share_cache
+from tests.helpers import share_cache, synthetic_sources
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -38,11 +38,7 @@ def test_the_gpu_command_is_the_authors_regime_in_five_rounds(tmp_path: Path) ->
 def test_the_smoke_protocol_runs_on_a_cpu(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, node_cache: Path
 ) -> None:
-    sources = tmp_path / "sources.yaml"
-    sources.write_text(
-        "- {name: synth-latin, path: 'builtin:synthetic-latin', vocab-size: 600}\n"
-        "- {name: synth-greek, path: 'builtin:synthetic-greek', vocab-size: 600}\n"
-    )
+    sources = synthetic_sources(tmp_path, "latin", "greek")
     monkeypatch.setattr(compare.os, "cpu_count", lambda: 1)
     out = tmp_path / "out"
     share_cache(out / "state", node_cache)
