@@ -12,6 +12,8 @@ node per source, every source trained every round); baselines run ``dept.baselin
 go to ``--jobs`` worker processes with the CPU threads split between them; a run that
 crashes is reported in the table with its error, never dropped; every log line of a run
 starts with its label (e.g. [spec-opt lr 0.004]) and goes to its runs/<method>-lr<rate>/run.log.
+A comparison stopped part way resumes when run again with the same command: a run whose
+folder holds a finished result of the same run config is reused, any other is run afresh.
 
 Vocabularies: STD, ACT, GLOB, TRIM and SPEC use one global tokenizer of --global-vocab-size;
 SPEC-OPT trains each source its own of the source's vocab-size. A source whose entry gives
@@ -61,6 +63,7 @@ log = logging.getLogger(__name__)
 # On the nine corpora (tiny) 0.016 never won, and SPEC-OPT was best at 0.002.
 DEFAULT_LRS = "0.002,0.004,0.008"
 COMPARED_SOURCES = "compared-sources.yaml"  # in --out: the sources every run reads
+PLAN_FILE = "plan.json"  # in a run's folder: the run config it ran with
 EPILOG = """how --tokens becomes rounds:
   every method trains num-server-rounds x --local-steps steps; a step takes --batch-size
   sequences of --seq-len tokens from each source (a federated round trains every source, an
@@ -123,6 +126,10 @@ def run_plan(plan: Plan) -> dict[str, Any]:
     torch.set_num_threads(plan.threads)
     out = Path(plan.out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    finished = finished_result(plan)
+    if finished is not None:
+        return finished
+    (out / PLAN_FILE).write_text(dumps(plan.run_config, indent=2))
     started = time.perf_counter()
     with run_logging(plan.label, out / "run.log"):
         try:
@@ -133,6 +140,22 @@ def run_plan(plan: Plan) -> dict[str, Any]:
             traceback.print_exc(file=(out / "error.txt").open("w"))
     result.update(method=plan.method, lr=plan.lr, wall_s=time.perf_counter() - started)
     (out / "result.json").write_text(dumps(result, indent=2))
+    return result
+
+
+def finished_result(plan: Plan) -> dict[str, Any] | None:
+    """The result an earlier comparison left in the plan's folder, if it ran this very plan
+    (the same run config) to the end without an error: a comparison stopped part way (Ctrl-C,
+    a reboot) picks up where it was by running the same command again."""
+    out = Path(plan.out_dir)
+    try:
+        same_plan = json.loads((out / PLAN_FILE).read_text()) == json.loads(dumps(plan.run_config))
+        result = json.loads((out / "result.json").read_text())
+    except (OSError, ValueError):
+        return None
+    if not same_plan or "error" in result:
+        return None
+    log.info("%s: reusing the finished run in %s", plan.label, out)
     return result
 
 

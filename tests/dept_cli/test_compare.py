@@ -12,7 +12,7 @@ import pytest
 from dept.sources import load_sources
 from dept_cli import compare
 from dept_cli.methods import METHODS
-from tests.helpers import share_cache
+from tests.helpers import share_cache, synthetic_sources
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -123,6 +123,32 @@ def test_run_config_overrides_reach_every_run_but_not_compares_own_keys(tmp_path
     assert str(caught.value) == (
         "-c local-steps, num-server-rounds: compare sets these itself; use --local-steps, --tokens"
     )
+
+
+def test_a_stopped_comparison_reuses_finished_runs_of_the_same_plan(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, node_cache: Path
+) -> None:
+    monkeypatch.setattr(compare.os, "cpu_count", lambda: 1)
+    out = tmp_path / "out"
+    share_cache(out / "state", node_cache)
+    # fmt: off
+    argv = ["--sources-file", str(synthetic_sources(tmp_path, "latin", "greek")), "--model",
+            "debug", "--tokens", "2048", "--local-steps", "2", "--seq-len", "64", "--eval-bytes",
+            "1024", "--methods", "std-0", "--lrs", "0.01,0.02", "--jobs", "1", "--out", str(out)]
+    # fmt: on
+    assert compare.main(argv) == 0
+    first = json.loads((out / "comparison.json").read_text())["sweep"]
+    (out / "runs" / "std-0-lr0.02" / "result.json").unlink()  # as if stopped during that run
+    ran = []
+    real = compare._run_baseline
+    monkeypatch.setattr(compare, "_run_baseline", lambda plan: ran.append(plan.lr) or real(plan))
+
+    assert compare.main(argv) == 0
+    assert ran == [0.02], "only the unfinished run runs again"
+    again = json.loads((out / "comparison.json").read_text())["sweep"]
+    assert [r["sources"] for r in again] == [r["sources"] for r in first]
+    assert compare.main([*argv, "-c", "weight-decay=0.0"]) == 0
+    assert ran == [0.02, 0.01, 0.02], "another run config runs everything afresh"
 
 
 def test_help_shows_every_default_and_how_the_budget_becomes_rounds() -> None:
