@@ -26,6 +26,7 @@ with the ``eager`` backend, the two-process source on gloo), so CI proves the ch
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import os
@@ -83,14 +84,11 @@ GPU_FULL = Plan(
     federation="model='125m' seq-len=1024 batch-size=8 local-steps=20 warmup-steps=2",
     federation_cap_s=180,
 )
-GPU_QUICK = Plan(
+GPU_QUICK = dataclasses.replace(
+    GPU_FULL,
     models=("tiny",),
     training=("--batch-size", "8", "--seq-len", "256", "--steps", "3", "--warmup", "2"),
-    compile_backend="inductor",
-    eager_cap_s=60,
-    compiled_cap_s=120,
     federation="model='tiny' seq-len=128 batch-size=4 local-steps=4 warmup-steps=1",
-    federation_cap_s=150,
 )
 CPU = Plan(
     models=("debug",),
