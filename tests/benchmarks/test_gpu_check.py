@@ -77,7 +77,7 @@ def _check(tmp_path: Path, extra: list[str]) -> dict:
     return json.loads(out.read_text())
 
 
-@pytest.mark.slow  # two dept run simulations (Ray): about 3.5 min on 2 busy cores
+@pytest.mark.slow  # two dept run simulations (Ray): 2.4 min on 2 busy cores, 3.6 at worst seen
 def test_cpu_version_runs_every_step_and_says_no_gpu(
     tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:
