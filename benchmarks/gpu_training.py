@@ -89,12 +89,13 @@ def attention_kernel(device: torch.device, flash: bool = True) -> contextlib.Abs
 
 
 def compiled(
-    model: nn.Module, device: torch.device, sample: torch.Tensor
+    model: nn.Module, device: torch.device, sample: torch.Tensor, backend: str = "inductor"
 ) -> tuple[Callable[..., Any], bool]:
-    """``model`` under torch.compile, and whether flash-only attention runs in it: a compiled
-    forward of ``sample`` (a whole batch, so training compiles for the same shapes) tries
-    it; where it raises, SDPA's default backends are used and a log line says why."""
-    step_model = torch.compile(model)
+    """``model`` under torch.compile (``backend``), and whether flash-only attention runs in
+    it: a compiled forward of ``sample`` (a whole batch, so training compiles for the same
+    shapes) tries it; where it raises, SDPA's default backends are used and a log line says
+    why."""
+    step_model = torch.compile(model, backend=backend)
     try:
         with torch.no_grad(), autocast(device), attention_kernel(device):
             step_model(input_ids=sample)
@@ -126,7 +127,9 @@ def train(args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
         for _ in range(4)
     ]
     step_model, flash = (
-        compiled(model, device, batches[0][:, :-1]) if args.compile else (model, True)
+        compiled(model, device, batches[0][:, :-1], args.compile_backend)
+        if args.compile
+        else (model, True)
     )
 
     def step(batch: torch.Tensor) -> None:
@@ -221,6 +224,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=50, help="timed steps")
     parser.add_argument("--warmup", type=int, default=10, help="untimed steps first")
     parser.add_argument("--compile", action="store_true", help="torch.compile the model")
+    parser.add_argument(
+        "--compile-backend",
+        default="inductor",
+        help="torch.compile's backend ('eager' traces without code generation: a quick check)",
+    )
     parser.add_argument("--device", default="auto", help="auto, cuda, cpu, mps")
     parser.add_argument("--peak-tflops", type=float, default=None, help="the device's peak")
     parser.add_argument("--threads", type=int, default=0, help="CPU threads (0: torch's)")
