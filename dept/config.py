@@ -119,6 +119,11 @@ class DeptConfig:
         "keep each source's AdamW moments across rounds (on the node's disk); false resets "
         "them every round, as the paper's authors do",
     )
+    act_period: int = doc(
+        0,
+        "the ACT baseline re-initialises the token embeddings every this many steps, never "
+        "at the last (0: local-steps, once a round, after its evaluation); >= 0",
+    )
     outer_optimizer: OuterName = doc(
         "fedavg",
         "the server's step on the shared tensors, the averaged update as gradient: "
@@ -267,6 +272,7 @@ class DeptConfig:
             _check(name, getattr(self, name) >= 1, "must be >= 1")
         for name in (
             "warmup_steps",
+            "act_period",
             "min_available_nodes",
             "eval_bytes",
             "min_train_nodes",
@@ -327,6 +333,11 @@ class DeptConfig:
     def total_steps(self) -> int:
         """Length of the one global learning-rate schedule (all rounds)."""
         return self.num_server_rounds * self.local_steps
+
+    @property
+    def forget_period(self) -> int:
+        """ACT's steps between fresh embeddings: ``act-period``, or a round's steps."""
+        return self.act_period or self.local_steps
 
     @property
     def warmup(self) -> int:

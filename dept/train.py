@@ -11,7 +11,7 @@ import contextlib
 import logging
 import math
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -115,8 +115,10 @@ def train_local(
     *,
     start_step: int,
     desc: str,
+    after_step: Callable[[int], None] | None = None,
 ) -> TrainStats:
-    """Run ``cfg.local_steps`` optimizer steps of ``cfg.grad_accum_steps`` micro-batches each.
+    """Run ``cfg.local_steps`` optimizer steps of ``cfg.grad_accum_steps`` micro-batches each;
+    ``after_step`` is called with the global count of steps done after each (ACT's forgetting).
 
     Progress counts micro-batches, and a log line goes out every quarter of the round or
     every ``PROGRESS_EVERY_S`` seconds, so even a step of many micro-batches shows it lives.
@@ -136,6 +138,8 @@ def train_local(
             raise FloatingPointError(f"{desc}: loss became {step_loss} at local step {local_step}")
         losses.append(step_loss)
         progress.step_done(local_step, step_loss, optimizer.param_groups[0]["lr"])
+        if after_step is not None:
+            after_step(start_step + local_step + 1)
     progress.close()
     tokens, started = progress.tokens, progress.started
     seconds = time.perf_counter() - started

@@ -163,7 +163,7 @@ def _run_baseline(plan: Plan) -> dict[str, Any]:
         resolve_path(cfg.state_dir),
         temperature=baseline.temperature,
         sources_per_round=len(specs),
-        forget_every_round=baseline.forgets,
+        forgets=baseline.forgets,
         on_round=lambda r: log.info("round %d: avg val bpb %.4f", r.round, r.avg_val_bpb),
     )
     final = run.rounds[-1].eval

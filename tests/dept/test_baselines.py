@@ -75,7 +75,7 @@ def test_standard_training_lowers_bpb_on_every_source(tmp_path: Path, forget: bo
         tmp_path / "state",
         temperature=0.3,
         sources_per_round=2,
-        forget_every_round=forget,
+        forgets=forget,
         on_round=lambda r: rounds.append(r.round),
     )
 
