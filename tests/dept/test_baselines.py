@@ -98,7 +98,9 @@ def test_standard_training_lowers_bpb_on_every_source(tmp_path: Path, forget: bo
 
 
 def test_stratified_batches_take_each_sources_client_stream_in_order() -> None:
-    streams = [np.full(400, k, dtype=np.int32) + np.arange(400, dtype=np.int32) % 7 for k in (0, 10)]
+    streams = [
+        np.full(400, k, dtype=np.int32) + np.arange(400, dtype=np.int32) % 7 for k in (0, 10)
+    ]
     clients = [training_batches(t, 8, 3, 5, StreamPosition()) for t in streams]
 
     batches = stratified_batches(streams, seq_len=8, batch_size=3, seed=5)
