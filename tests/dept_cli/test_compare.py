@@ -15,7 +15,7 @@ from dept.sources import load_sources
 from dept_cli import compare
 from dept_cli.methods import METHODS
 from dept_cli.text_budget import TextRates
-from tests.helpers import share_cache
+from tests.helpers import share_cache, synthetic_sources
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -182,11 +182,7 @@ def test_a_byte_budget_gives_a_denser_tokenizer_fewer_rounds() -> None:
 def test_compare_by_bytes_trains_every_method_on_the_same_text(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, node_cache: Path
 ) -> None:
-    sources = tmp_path / "sources.yaml"
-    sources.write_text(
-        "- {name: synth-latin, path: 'builtin:synthetic-latin', vocab-size: 2000}\n"
-        "- {name: synth-greek, path: 'builtin:synthetic-greek', vocab-size: 2000}\n"
-    )
+    sources = synthetic_sources(tmp_path, "latin", "greek", vocab_size=2000)
     monkeypatch.setattr(compare.os, "cpu_count", lambda: 1)
     out = tmp_path / "out"
     share_cache(out / "state", node_cache)
