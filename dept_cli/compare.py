@@ -223,20 +223,24 @@ def _run_baseline(plan: Plan) -> dict[str, Any]:
 
 
 def make_plans(
-    args: argparse.Namespace, base: DeptConfig, out: Path, rates: TextRates | None = None
+    args: argparse.Namespace,
+    base: DeptConfig,
+    out: Path,
+    rates: TextRates | None = None,
+    budget: str = "tokens",
 ) -> list[Plan]:
-    """Every method at every rate, the CPU threads shared equally between the jobs; with
-    ``rates``, each run knows its bytes of text per token, and ``--budget bytes`` sets its
-    rounds from them (:class:`dept_cli.text_budget.TextRates`)."""
+    """Every method at every rate (``args.methods``, ``args.lrs``), the CPU threads shared
+    equally between the ``args.jobs``; with ``rates``, each run knows its bytes of text per
+    token, and ``budget`` bytes sets its rounds from them (:class:`TextRates`)."""
     threads = max(1, (os.cpu_count() or 1) // args.jobs)
     specs = run_sources(base)
-    if args.budget == "bytes" and rates is None:
+    if budget == "bytes" and rates is None:
         raise ValueError("--budget bytes needs the measured text rates (prepare)")
     per_round = len(specs) * base.local_steps * base.batch_size * base.seq_len
     plans = []
     for method in args.methods:
         rounds = base.num_server_rounds
-        if rates is not None and args.budget == "bytes":
+        if rates is not None and budget == "bytes":
             rounds = rates.rounds(method, base.num_server_rounds, per_round)
         for lr in args.lrs:
             run_dir = out / "runs" / f"{method}-lr{lr:g}"
@@ -383,7 +387,7 @@ def main(argv: list[str] | None = None) -> int:
         flush=True,
     )
     started = time.perf_counter()
-    plans = make_plans(args, base, out, prepare(base))
+    plans = make_plans(args, base, out, prepare(base), args.budget)
     if args.budget == "bytes":
         rounds = {p.method: p.run_config["num-server-rounds"] for p in plans}
         print(f"byte budget: rounds {rounds}", flush=True)
