@@ -9,9 +9,13 @@ per source trained in a round (so the same tokens in total), and the same evalua
 every round.
 
 STD draws each sequence of a batch from source k with probability ∝ n_k^τ (n_k = training
-tokens of k): τ = 0 is uniform over sources, τ = 1 proportional to size. ACT re-initialises
-the embeddings (and clears their optimizer state) every ``local-steps`` steps, except after
-the last round, so its final model is evaluated with embeddings trained for one period.
+tokens of k): τ = 0 is uniform over sources, τ = 1 proportional to size. Stratified STD
+(τ = 0 exactly) takes ``batch-size`` sequences of every source each step, in source order,
+each source walking the stream its DEPT client walks: the mean of the per-source gradients
+is then the gradient of the step, so one-step SGD GLOB with FedAvg equals it. ACT
+re-initialises the embeddings (and clears their optimizer state) every ``act-period``
+steps (default ``local-steps``; at a round's end after its evaluation), never at the last
+step, so its final model is evaluated with embeddings trained for one period.
 """
 
 from __future__ import annotations
@@ -80,6 +84,16 @@ def mixture_batches(
     while True:
         picks = rng.choice(len(streams), size=batch_size, p=probs)
         yield np.concatenate([next(sources[k]) for k in picks])
+
+
+def stratified_batches(
+    streams: list[np.ndarray], *, seq_len: int, batch_size: int, seed: int
+) -> Iterator[np.ndarray]:
+    """Endless (sources × batch_size, seq_len + 1) batches: ``batch_size`` sequences of each
+    source in source order, from the stream a DEPT client of it draws (the run's seed)."""
+    sources = [training_batches(t, seq_len, batch_size, seed, StreamPosition()) for t in streams]
+    while True:
+        yield np.concatenate([next(s) for s in sources])
 
 
 def reset_embeddings(
@@ -151,18 +165,22 @@ def run_standard(
     *,
     temperature: float,
     sources_per_round: int,
-    forget_every_round: bool = False,
+    forgets: bool = False,
+    stratified: bool = False,
     on_round: Callable[[BaselineRound], None] | None = None,
+    on_model: Callable[[int, PreTrainedModel], None] | None = None,
     body: dict[str, torch.Tensor] | None = None,
     tokenizer_file: Path | None = None,
     name: str | None = None,
 ) -> BaselineRun:
-    """STD (or ACT with ``forget_every_round``) on the mixture of ``specs``.
+    """STD (or ACT with ``forgets``) on the mixture of ``specs``.
 
     ``sources_per_round`` is how many sources a federated round trains, so a step here
     takes ``sources_per_round × batch-size`` sequences: the federated runs' tokens per round.
-    CPT: ``body`` is a trained θ to start from (with ψ where the run shared it; the token
-    embeddings, and positions a run kept per source, are always fresh) and
+    ``stratified``: every source's share of each step, in order (τ must be 0, every source
+    in a round). ``on_model`` sees the model after each round's evaluation (before ACT
+    forgets). CPT: ``body`` is a trained θ to start from (with ψ where the run shared it; the
+    token embeddings, and positions a run kept per source, are always fresh) and
     ``tokenizer_file`` the tokenizer to train them for (default: the global one).
     """
     data, token_bytes, rows = tokenized_sources(cfg, specs, state_root, tokenizer_file)
@@ -180,23 +198,11 @@ def run_standard(
         positions = {k: p for k, p in position_parameters(model).items() if k in body}
         load_tensors({**body_parameters(model), **positions}, body, "the pre-trained body")
     optimizer = make_inner_optimizer(model, cfg)
-    name = name or ("ACT" if forget_every_round else f"STD τ={temperature:g}")
+    name = name or ("ACT" if forgets else f"STD τ={temperature:g}")
     embeddings = count_params(embedding_parameters(model))
     run = BaselineRun(name, embeddings, count_params(dict(model.named_parameters())) - embeddings)
-    probs = temperature_probs([len(d.train) for d in data], temperature)
-    log.info(
-        "%s: %s",
-        name,
-        ", ".join(f"{d.spec.name} {p:.3f}" for d, p in zip(data, probs, strict=True)),
-    )
-    batches = mixture_batches(
-        [d.train for d in data],
-        probs,
-        seq_len=cfg.seq_len,
-        batch_size=cfg.batch_size * sources_per_round,
-        seed=cfg.seed,
-    )
-    forget = torch.Generator().manual_seed(cfg.seed + 0xAC7)
+    batches = _batches(cfg, data, name, temperature, sources_per_round, stratified)
+    forgetting = Forgetting(model, optimizer, cfg) if forgets else None
     started = time.perf_counter()
     run.rounds.append(BaselineRound(0, 0, math.nan, _evaluate(model, data, token_bytes, cfg), 0.0))
     for server_round in range(1, cfg.num_server_rounds + 1):
@@ -207,6 +213,7 @@ def run_standard(
             cfg,
             start_step=(server_round - 1) * cfg.local_steps,
             desc=f"{name} round {server_round}",
+            after_step=forgetting.within_round if forgetting else None,
         )
         run.tokens_trained += stats.tokens
         evaluated = _evaluate(model, data, token_bytes, cfg)
@@ -220,10 +227,76 @@ def run_standard(
         run.rounds.append(record)
         if on_round is not None:
             on_round(record)
-        if forget_every_round and server_round < cfg.num_server_rounds:
-            reset_embeddings(model, optimizer, forget)
+        if on_model is not None:
+            on_model(server_round, model)
+        if forgetting is not None:
+            forgetting.at_round_end(record.global_step)
     run.body = {**body_state(model), **position_state(model)}  # one model: ψ shared, like θ
     return run
+
+
+def _batches(
+    cfg: DeptConfig,
+    data: list[SourceData],
+    name: str,
+    temperature: float,
+    sources_per_round: int,
+    stratified: bool,
+) -> Iterator[np.ndarray]:
+    """The steps' batches of ``sources_per_round × batch-size`` sequences (see the module)."""
+    streams = [d.train for d in data]
+    if stratified:
+        if temperature != 0 or sources_per_round != len(data):
+            raise ValueError(
+                f"{name}: stratified batches are τ = 0 with every source in each step, got "
+                f"τ = {temperature:g} and {sources_per_round} of {len(data)} sources"
+            )
+        log.info("%s: %d sequences of each source per step", name, cfg.batch_size)
+        return stratified_batches(
+            streams, seq_len=cfg.seq_len, batch_size=cfg.batch_size, seed=cfg.seed
+        )
+    probs = temperature_probs([len(t) for t in streams], temperature)
+    log.info(
+        "%s: %s",
+        name,
+        ", ".join(f"{d.spec.name} {p:.3f}" for d, p in zip(data, probs, strict=True)),
+    )
+    return mixture_batches(
+        streams,
+        probs,
+        seq_len=cfg.seq_len,
+        batch_size=cfg.batch_size * sources_per_round,
+        seed=cfg.seed,
+    )
+
+
+class Forgetting:
+    """ACT's schedule: fresh φ after every ``act-period`` steps but the last; one due at a
+    round's end waits for that round's evaluation, so every round scores trained embeddings."""
+
+    def __init__(
+        self, model: PreTrainedModel, optimizer: torch.optim.Optimizer, cfg: DeptConfig
+    ) -> None:
+        self.model, self.optimizer, self.cfg = model, optimizer, cfg
+        self.generator = torch.Generator().manual_seed(cfg.seed + 0xAC7)
+        self.resets: list[int] = []  # the global steps after which φ was fresh
+
+    def _due(self, step: int) -> bool:
+        return step % self.cfg.forget_period == 0 and step < self.cfg.total_steps
+
+    def _reset(self, step: int) -> None:
+        reset_embeddings(self.model, self.optimizer, self.generator)
+        self.resets.append(step)
+
+    def within_round(self, step: int) -> None:
+        """After each training step (``train_local``'s ``after_step``)."""
+        if self._due(step) and step % self.cfg.local_steps:
+            self._reset(step)
+
+    def at_round_end(self, step: int) -> None:
+        """After the round ending at global ``step`` was evaluated."""
+        if self._due(step):
+            self._reset(step)
 
 
 def _evaluate(

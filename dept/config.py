@@ -34,6 +34,7 @@ CompressionName = Literal["none", "fp16", "int8"]  # how pseudo-gradients travel
 AggregationName = Literal["mean", "trimmed-mean", "median"]  # how a round's updates combine
 OutlierAction = Literal["clip", "reject"]  # what becomes of an update too large to be honest
 DataParallelName = Literal["ddp", "fsdp"]  # how a source with nproc > 1 splits its training
+InnerName = Literal["adamw", "sgd"]  # a source's local optimizer (dept.train builds it)
 # Tuples for the code that checks a value outside the schema.
 COMPRESSIONS: tuple[CompressionName, ...] = get_args(CompressionName)
 AGGREGATIONS: tuple[AggregationName, ...] = get_args(AggregationName)
@@ -79,7 +80,7 @@ class DeptConfig:
     )
     tie_embeddings: bool = doc(True, "tie input and output embeddings (untied, φ holds both)")
     num_server_rounds: int = doc(3, "federated rounds; >= 1")
-    local_steps: int = doc(25, "inner AdamW steps per source and round (N_local); >= 1")
+    local_steps: int = doc(25, "inner optimizer steps per source and round (N_local); >= 1")
     seq_len: int = doc(128, "tokens per training sequence (a preset's context length); >= 1")
     batch_size: int = doc(8, "sequences per micro-batch; >= 1")
     grad_accum_steps: int = doc(
@@ -102,10 +103,26 @@ class DeptConfig:
         "linear warmup steps of that schedule; >= 0, at most num-server-rounds x local-steps "
         "- 1 (a shorter run warms up that long, and logs it)",
     )
-    weight_decay: float = doc(0.1, "AdamW weight decay, on matrices only; >= 0")
+    inner_optimizer: InnerName = doc(
+        "adamw",
+        "a source's local optimizer: adamw (β 0.9, 0.95) or sgd (plain: no momentum, so "
+        "no state); both on the lr schedule, with grad-clip and weight-decay",
+    )
+    weight_decay: float = doc(
+        0.1,
+        "decoupled weight decay of the inner optimizer, on matrices only: each step takes "
+        "lr x this x w off a weight w (for sgd the same as L2, having no momentum); >= 0",
+    )
     grad_clip: float = doc(1.0, "max gradient norm of an inner step; 0 disables clipping")
     keep_inner_optimizer: bool = doc(
-        True, "keep each source's AdamW moments across rounds (on the node's disk)"
+        True,
+        "keep each source's AdamW moments across rounds (on the node's disk); false resets "
+        "them every round, as the paper's authors do",
+    )
+    act_period: int = doc(
+        0,
+        "the ACT baseline re-initialises the token embeddings every this many steps, never "
+        "at the last (0: local-steps, once a round, after its evaluation); >= 0",
     )
     outer_optimizer: OuterName = doc(
         "fedavg",
@@ -255,6 +272,7 @@ class DeptConfig:
             _check(name, getattr(self, name) >= 1, "must be >= 1")
         for name in (
             "warmup_steps",
+            "act_period",
             "min_available_nodes",
             "eval_bytes",
             "min_train_nodes",
@@ -315,6 +333,11 @@ class DeptConfig:
     def total_steps(self) -> int:
         """Length of the one global learning-rate schedule (all rounds)."""
         return self.num_server_rounds * self.local_steps
+
+    @property
+    def forget_period(self) -> int:
+        """ACT's steps between fresh embeddings: ``act-period``, or a round's steps."""
+        return self.act_period or self.local_steps
 
     @property
     def warmup(self) -> int:

@@ -73,6 +73,7 @@ def shared_state(model: PreTrainedModel, v: Variant, rows: int) -> dict[str, tor
         state |= position_state(model)
     if v.shares_embeddings:
         state |= {
-            n: p[:rows].detach().cpu().float() for n, p in embedding_parameters(model).items()
+            n: p[:rows].detach().to("cpu", torch.float32).clone()
+            for n, p in embedding_parameters(model).items()
         }
     return state

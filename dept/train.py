@@ -1,4 +1,5 @@
-"""How a client trains: N local AdamW steps on its own source, on one global LR schedule.
+"""How a client trains: N local steps (AdamW, or plain SGD) on its own source, on one global
+LR schedule.
 
 The learning rate is a function of the *global* step the server sends (warmup, then cosine
 to ``min-lr-ratio`` over all rounds), so it does not restart every round.
@@ -10,7 +11,7 @@ import contextlib
 import logging
 import math
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -57,25 +58,40 @@ def adam_step_bound(betas: tuple[float, float] = ADAM_BETAS) -> float:
     return max(1.0, (1 - b1) / math.sqrt((1 - b2) * (1 - b1 * b1 / b2)))
 
 
+def step_bound(cfg: DeptConfig) -> float:
+    """The most one inner step moves a weight, in units of its learning rate, before weight
+    decay: Adam's :func:`adam_step_bound` whatever the gradients; SGD's step is the gradient,
+    no larger than its clipped norm (unbounded without clipping: ``inf``)."""
+    if cfg.inner_optimizer == "adamw":
+        return adam_step_bound()
+    return cfg.grad_clip if cfg.grad_clip > 0 else math.inf
+
+
 def max_round_update(cfg: DeptConfig, start_step: int, max_abs_weight: float) -> float:
     """The most one round of local training can move any weight, |θ_global − θ_local|: the
-    inner AdamW's reach over the round's learning rates, plus its decoupled weight decay on
-    weights no larger than ``max_abs_weight``. An honest pseudo-gradient never exceeds it,
-    so the server can refuse one that does without any reference to other replies."""
+    inner optimizer's reach over the round's learning rates (:func:`step_bound`), plus its
+    decoupled weight decay on weights no larger than ``max_abs_weight``. An honest
+    pseudo-gradient never exceeds it, so the server can refuse one that does without any
+    reference to other replies (``inf``: SGD without clipping can move a weight any way)."""
     lr_sum = sum(lr_at(start_step + step, cfg) for step in range(cfg.local_steps))
-    reach = adam_step_bound() * lr_sum
+    reach = step_bound(cfg) * lr_sum
     return reach + cfg.weight_decay * lr_sum * (max_abs_weight + reach)
 
 
-def make_inner_optimizer(model: PreTrainedModel, cfg: DeptConfig) -> torch.optim.AdamW:
-    """AdamW with weight decay on matrices only (not on norms); fused on CUDA."""
+def make_inner_optimizer(model: PreTrainedModel, cfg: DeptConfig) -> torch.optim.Optimizer:
+    """``inner-optimizer`` with weight decay on matrices only (not on norms); fused on CUDA.
+
+    SGD has no momentum, so torch's (L2) weight decay, lr·(g + λw), is exactly AdamW's
+    decoupled form, w·(1 − lr·λ) − lr·g: one ``weight-decay`` means the same for both."""
     params = [p for p in model.parameters() if p.requires_grad]
     groups = [
         {"params": [p for p in params if p.dim() >= 2], "weight_decay": cfg.weight_decay},
         {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
     ]
-    device = next(model.parameters()).device
-    return torch.optim.AdamW(groups, lr=cfg.lr, betas=ADAM_BETAS, fused=device.type == "cuda")
+    fused = next(model.parameters()).device.type == "cuda"
+    if cfg.inner_optimizer == "sgd":
+        return torch.optim.SGD(groups, lr=cfg.lr, momentum=0.0, fused=fused)
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=ADAM_BETAS, fused=fused)
 
 
 def autocast(device: torch.device) -> contextlib.AbstractContextManager:
@@ -99,8 +115,10 @@ def train_local(
     *,
     start_step: int,
     desc: str,
+    after_step: Callable[[int], None] | None = None,
 ) -> TrainStats:
-    """Run ``cfg.local_steps`` optimizer steps of ``cfg.grad_accum_steps`` micro-batches each.
+    """Run ``cfg.local_steps`` optimizer steps of ``cfg.grad_accum_steps`` micro-batches each;
+    ``after_step`` is called with the global count of steps done after each (ACT's forgetting).
 
     Progress counts micro-batches, and a log line goes out every quarter of the round or
     every ``PROGRESS_EVERY_S`` seconds, so even a step of many micro-batches shows it lives.
@@ -120,6 +138,8 @@ def train_local(
             raise FloatingPointError(f"{desc}: loss became {step_loss} at local step {local_step}")
         losses.append(step_loss)
         progress.step_done(local_step, step_loss, optimizer.param_groups[0]["lr"])
+        if after_step is not None:
+            after_step(start_step + local_step + 1)
     progress.close()
     tokens, started = progress.tokens, progress.started
     seconds = time.perf_counter() - started

@@ -20,6 +20,11 @@ SPEC-OPT trains each source its own of the source's vocab-size. A source whose e
 no vocab-size gets --global-vocab-size here (not dept run's default of 2048), so the methods
 compare at one vocabulary size unless the sources file says otherwise; the sources file the
 runs read is written to --out as compared-sources.yaml, and the table shows both sizes.
+
+Budget: --budget tokens gives every method the same training tokens; --budget bytes the same
+bytes of text (dept_cli.text_budget: SPEC-OPT, whose tokens hold more text, gets fewer rounds).
+Any other run config key is set with -c, as for dept run; a key compare sets itself is
+refused with the option that sets it.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import os
 import sys
 import threading
@@ -56,7 +62,7 @@ from dept_cli.comparison_report import average_bpb, best_per_method, size_range,
 from dept_cli.in_process import federate_in_process
 from dept_cli.methods import BASELINES, FEDERATED, METHODS, vocab_sizes
 from dept_cli.run_logs import run_logging
-from server_app.launch import absolute_paths
+from dept_cli.text_budget import BUDGETS, TextRates, stream_bytes_per_token
 from server_app.report import dumps
 
 log = logging.getLogger(__name__)
@@ -73,12 +79,37 @@ EPILOG = """how --tokens becomes rounds:
   e.g. the 9 sources of benchmarks/corpora.yaml at the defaults: 9 x 40 x 4 x 64 = 92,160
   tokens per round, 550,000 / 92,160 = 5.97, so 6 rounds of 40 steps (240 steps, 552,960
   tokens per run). The first line compare prints gives the rounds it chose.
+  With --budget bytes those are the rounds of the methods on the global tokenizer; each
+  other method gets max(1, round(those rounds x their bytes per token / its bytes per token)).
 
 examples:
   dept compare --sources-file benchmarks/corpora.yaml --model tiny   # ~45 min on 2 CPUs
   dept compare --sources-file my-sources.yaml --methods std-0.3,spec-opt --lrs 0.004 --jobs 4
-  dept compare --sources-file benchmarks/corpora.yaml -c "keep-inner-optimizer=false weight-decay=0"
+  dept compare --sources-file my-sources.yaml --budget bytes -c "keep-inner-optimizer=false"
 """
+# The run config keys compare sets itself, and the option (or fact) that sets each.
+OWN_KEYS = {
+    "sources-file": "--sources-file",
+    "model": "--model",
+    "num-server-rounds": "--tokens (and --budget)",
+    "local-steps": "--local-steps",
+    "batch-size": "--batch-size",
+    "seq-len": "--seq-len",
+    "warmup-steps": "--warmup-steps",
+    "global-vocab-size": "--global-vocab-size",
+    "eval-bytes": "--eval-bytes",
+    "outer-optimizer": "--outer-optimizer",
+    "outer-lr": "--outer-lr",
+    "outer-momentum": "--outer-momentum",
+    "fraction-train": "nothing: every source trains every round",
+    "seed": "--seed",
+    "device": "--device",
+    "state-dir": "--out",
+    "output-dir": "--out",
+    "wait-for-nodes-s": "nothing: compare's nodes are in process",
+    "lr": "--lrs",
+    "variant": "--methods",
+}
 
 
 @dataclass(frozen=True)
@@ -91,6 +122,7 @@ class Plan:
     out_dir: str
     threads: int
     vocab_sizes: dict[str, int]  # the tokenizer size each source trains with
+    bytes_per_token: float = math.nan  # of text per training token (NaN: not measured)
 
     @property
     def global_vocab_size(self) -> int:
@@ -139,6 +171,9 @@ def run_plan(plan: Plan) -> dict[str, Any]:
             result = {"error": f"{type(exc).__name__}: {exc}".splitlines()[0][:300]}
             traceback.print_exc(file=(out / "error.txt").open("w"))
     result.update(method=plan.method, lr=plan.lr, wall_s=time.perf_counter() - started)
+    result.update(rounds=plan.run_config["num-server-rounds"])
+    if "tokens" in result and math.isfinite(plan.bytes_per_token):
+        result["text_bytes"] = round(result["tokens"] * plan.bytes_per_token)
     (out / "result.json").write_text(dumps(result, indent=2))
     return result
 
@@ -190,7 +225,7 @@ def _run_baseline(plan: Plan) -> dict[str, Any]:
         resolve_path(cfg.state_dir),
         temperature=baseline.temperature,
         sources_per_round=len(specs),
-        forget_every_round=baseline.forgets,
+        forgets=baseline.forgets,
         on_round=lambda r: log.info("round %d: avg val bpb %.4f", r.round, r.avg_val_bpb),
     )
     final = run.rounds[-1].eval
@@ -210,30 +245,35 @@ def _run_baseline(plan: Plan) -> dict[str, Any]:
     }
 
 
-# run config key -> the compare option that sets it (other keys compare sets are fixed)
-OWN_OPTIONS = {
-    key: f"--{key}"
-    for key in (
-        "model", "local-steps", "batch-size", "seq-len", "warmup-steps", "global-vocab-size",
-        "eval-bytes", "outer-optimizer", "outer-lr", "outer-momentum", "seed", "device",
-    )
-} | {"num-server-rounds": "--tokens", "sources-file": "--sources-file", "lr": "--lrs",
-     "variant": "--methods", "output-dir": "--out", "state-dir": "--out"}  # fmt: skip
-
-
-def make_plans(args: argparse.Namespace, base: DeptConfig, out: Path) -> list[Plan]:
-    """Every method at every rate, the CPU threads shared equally between the jobs."""
+def make_plans(
+    args: argparse.Namespace,
+    base: DeptConfig,
+    out: Path,
+    rates: TextRates | None = None,
+    budget: str = "tokens",
+) -> list[Plan]:
+    """Every method at every rate (``args.methods``, ``args.lrs``), the CPU threads shared
+    equally between the ``args.jobs``; with ``rates``, each run knows its bytes of text per
+    token, and ``budget`` bytes sets its rounds from them (:class:`TextRates`)."""
     threads = max(1, (os.cpu_count() or 1) // args.jobs)
     specs = run_sources(base)
+    if budget == "bytes" and rates is None:
+        raise ValueError("--budget bytes needs the measured text rates (prepare)")
+    per_round = len(specs) * base.local_steps * base.batch_size * base.seq_len
     plans = []
     for method in args.methods:
+        rounds = base.num_server_rounds
+        if rates is not None and budget == "bytes":
+            rounds = rates.rounds(method, base.num_server_rounds, per_round)
         for lr in args.lrs:
             run_dir = out / "runs" / f"{method}-lr{lr:g}"
             config = {**to_run_config(base), "lr": lr, "output-dir": str(run_dir)}
+            config["num-server-rounds"] = rounds
             if method in VARIANTS:  # a baseline reads no variant
                 config["variant"] = method
             sizes = vocab_sizes(method, specs, base.global_vocab_size)
-            plans.append(Plan(method, lr, config, str(run_dir), threads, sizes))
+            rate = rates.bytes_per_token(method) if rates is not None else math.nan
+            plans.append(Plan(method, lr, config, str(run_dir), threads, sizes, rate))
     return plans
 
 
@@ -258,53 +298,58 @@ def base_config(args: argparse.Namespace, out: Path) -> DeptConfig:
     sources_file = out / COMPARED_SOURCES
     write_sources(sources_file, specs)
     rounds = rounds_for(args.tokens, len(specs), args.local_steps, args.batch_size, args.seq_len)
-    settings = {
-        "sources-file": str(sources_file),
-        "model": args.model,
-        "num-server-rounds": rounds,
-        "local-steps": args.local_steps,
-        "batch-size": args.batch_size,
-        "seq-len": args.seq_len,
-        "warmup-steps": args.warmup_steps,  # clamped to a short run's steps by the config
-        "global-vocab-size": args.global_vocab_size,
-        "eval-bytes": args.eval_bytes,
-        "outer-optimizer": args.outer_optimizer,
-        "outer-lr": args.outer_lr,
-        "outer-momentum": args.outer_momentum,
-        "fraction-train": 1.0,
-        "seed": args.seed,
-        "device": args.device,
-        "state-dir": str(out / "state"),
-        "wait-for-nodes-s": 60.0,
-    }
-    return load_config(settings, overrides=run_config_overrides(args.run_config, settings))
-
-
-def run_config_overrides(given: list[str], settings: dict[str, Any]) -> dict[str, Any]:
-    """``-c`` overrides for keys compare has no option of its own for; a key it sets itself
-    (from its options or its fixed plan) is refused with the option that sets it."""
-    overrides = absolute_paths(parse_config_args(given)) if given else {}
-    own = sorted(set(overrides) & set(settings))
+    overrides = parse_config_args(args.run_config)
+    own = sorted(k for k in overrides if k in OWN_KEYS)
     if own:
-        options = ", ".join(OWN_OPTIONS.get(k, f"{k} (fixed by compare)") for k in own)
-        raise ConfigError(f"-c {', '.join(own)}: compare sets these itself; use {options}")
-    return overrides
+        raise ConfigError(
+            "-c " + ", ".join(f"{k} is compare's own: use {OWN_KEYS[k]}" for k in own)
+        )
+    return load_config(
+        {
+            "sources-file": str(sources_file),
+            "model": args.model,
+            "num-server-rounds": rounds,
+            "local-steps": args.local_steps,
+            "batch-size": args.batch_size,
+            "seq-len": args.seq_len,
+            "warmup-steps": args.warmup_steps,  # clamped to a short run's steps by the config
+            "global-vocab-size": args.global_vocab_size,
+            "eval-bytes": args.eval_bytes,
+            "outer-optimizer": args.outer_optimizer,
+            "outer-lr": args.outer_lr,
+            "outer-momentum": args.outer_momentum,
+            "fraction-train": 1.0,
+            "seed": args.seed,
+            "device": args.device,
+            "state-dir": str(out / "state"),
+            "wait-for-nodes-s": 60.0,
+        },
+        overrides=overrides,
+    )
 
 
-def prepare(base: DeptConfig) -> None:
+def prepare(base: DeptConfig) -> TextRates:
     """Train every tokenizer and tokenize every source once, before the workers share them
     (two workers building the same cache would race): one variant per tokenizer kind, the
-    sources' own or the run's global one (which the baselines use too)."""
+    sources' own or the run's global one (which the baselines use too). Returns what each
+    kind's training tokens hold of text."""
     from dept.source_client import SourceClient
     from dept.workspace import Workspace
 
     specs = run_sources(base)
     root = resolve_path(base.state_dir)
-    for variant in {v.own_tokenizer: v.name for v in VARIANTS.values()}.values():
+    rates: dict[bool, dict[str, float]] = {}
+    sizes: dict[str, int] = {}
+    for own, variant in {v.own_tokenizer: v.name for v in VARIANTS.values()}.items():
         cfg = load_config({**to_run_config(base), "variant": variant})
         for spec in specs:
             log.info("preparing %s for %s", spec.name, variant)
-            SourceClient(cfg, spec, Workspace(root, "prepare", spec.name), specs)
+            client = SourceClient(cfg, spec, Workspace(root, "prepare", spec.name), specs)
+            train = client.tokens.train
+            rates.setdefault(own, {})[spec.name] = stream_bytes_per_token(train, client.token_bytes)
+            if not own:
+                sizes[spec.name] = len(train)
+    return TextRates(rates[False], rates[True], sizes)
 
 
 def run_all(plans: list[Plan], jobs: int) -> list[dict[str, Any]]:
@@ -365,9 +410,13 @@ def main(argv: list[str] | None = None) -> int:
         flush=True,
     )
     started = time.perf_counter()
-    prepare(base)
-    results = run_all(make_plans(args, base, out), args.jobs)
-    write_report(out, base, results, best_per_method(results), time.perf_counter() - started)
+    plans = make_plans(args, base, out, prepare(base), args.budget)
+    if args.budget == "bytes":
+        rounds = {p.method: p.run_config["num-server-rounds"] for p in plans}
+        print(f"byte budget: rounds {rounds}", flush=True)
+    results = run_all(plans, args.jobs)
+    best = best_per_method(results)
+    write_report(out, base, results, best, time.perf_counter() - started, args.budget)
     print(f"wrote {out / 'comparison.md'}, comparison.json and comparison.png", flush=True)
     return 0
 
@@ -400,6 +449,12 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         default=5.5e5,
         help="training tokens per run (all sources), rounded to whole rounds: see below",
+    )
+    parser.add_argument(
+        "--budget",
+        choices=BUDGETS,
+        default="tokens",
+        help="what every method gets the same of: training tokens, or bytes of text",
     )
     parser.add_argument("--local-steps", type=int, default=40, help="steps per round")
     parser.add_argument("--batch-size", type=int, default=4, help="sequences per source per step")
@@ -447,8 +502,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--out", default="outputs/compare", help="folder for the results")
     add_run_config_option(
         parser,
-        "run config overrides for every run, for keys compare has no option for "
-        "(e.g. -c 'keep-inner-optimizer=false weight-decay=0.0')",
+        "run config overrides for every run, as for dept run (e.g. \"inner-optimizer='sgd'\" "
+        "or act-period=10); not for the keys the options above set",
     )
     return parser
 

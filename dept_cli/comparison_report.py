@@ -2,7 +2,8 @@
 
 A result is one run, normalised by :mod:`dept_cli.compare`: per-source final bits per byte
 and perplexity, the per-round average curve, bytes communicated and the data-parallel
-reference, embedding parameters per source, tokens trained, wall time; or an ``error``;
+reference, embedding parameters per source, tokens trained, its rounds and the bytes of text
+those tokens hold (``text_bytes``, where measured), wall time; or an ``error``;
 and, crashed or not, the vocabulary sizes it was run with (global, and per source).
 """
 
@@ -46,6 +47,7 @@ def write_report(
     results: list[dict[str, Any]],
     best: dict[str, dict[str, Any]],
     wall_s: float,
+    budget: str = "tokens",
 ) -> None:
     methods = list(best)
     (out / "comparison.json").write_text(
@@ -53,18 +55,23 @@ def write_report(
             {
                 "config": to_run_config(cfg),
                 "wall_s": wall_s,
+                "budget": budget,
                 "methods": {m: best[m] for m in methods},
                 "sweep": results,
             },
             indent=2,
         )
     )
-    (out / "comparison.md").write_text(render_markdown(cfg, results, best, wall_s))
+    (out / "comparison.md").write_text(render_markdown(cfg, results, best, wall_s, budget))
     plot_curves(out / "comparison.png", best, cfg)
 
 
 def render_markdown(
-    cfg: DeptConfig, results: list[dict[str, Any]], best: dict[str, dict[str, Any]], wall_s: float
+    cfg: DeptConfig,
+    results: list[dict[str, Any]],
+    best: dict[str, dict[str, Any]],
+    wall_s: float,
+    budget: str = "tokens",
 ) -> str:
     methods = list(best)
     sources = sorted({s for r in best.values() for s in r.get("sources", {})})
@@ -75,7 +82,8 @@ def render_markdown(
         "",
         f"Model `{cfg.model}`, {len(sources)} sources, {cfg.num_server_rounds} rounds x "
         f"{cfg.local_steps} local steps (batch {cfg.batch_size} x {cfg.seq_len} tokens per "
-        f"source), {tokens:,} training tokens per run, seed {cfg.seed}, outer optimizer "
+        f"source), {tokens:,} training tokens per run, {_budget_note(budget)}, "
+        f"seed {cfg.seed}, outer optimizer "
         f"`{cfg.outer_optimizer}` (lr {cfg.outer_lr:g}), validation: the first "
         f"{cfg.eval_bytes:,} bytes of each source's validation text. Every method ran at "
         f"learning rates {', '.join(f'{lr:g}' for lr in lrs)}; each column is its best "
@@ -149,10 +157,23 @@ def _cost_rows(best: dict[str, dict[str, Any]], methods: list[str]) -> list[list
             "embedding params per source",
             *each(lambda r: f"{_mean(r['embedding_params'].values()):,.0f}"),
         ],
+        ["rounds", *each(lambda r: str(r.get("rounds", "")))],
         ["tokens trained", *each(lambda r: f"{r['tokens']:,}")],
+        ["bytes of text trained", *each(_text_bytes)],
         ["failed or rejected replies", *each(lambda r: str(r["failed"]))],
         ["wall time (s)", *each(lambda r: f"{r['wall_s']:.0f}")],
     ]
+
+
+def _budget_note(budget: str) -> str:
+    if budget == "bytes":
+        return "budget: the same bytes of text per method (rounds below; SPEC-OPT fewer)"
+    return "budget: the same tokens per method"
+
+
+def _text_bytes(result: dict[str, Any]) -> str:
+    count = result.get("text_bytes")
+    return f"{count:,}" if isinstance(count, int) else "n/a"
 
 
 def _vocab_rows(best: dict[str, dict[str, Any]], methods: list[str]) -> list[list[str]]:

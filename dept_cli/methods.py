@@ -19,7 +19,7 @@ class Baseline:
 
     title: str
     temperature: float  # sources sampled ∝ size^τ: 0 uniform, 1 proportional
-    forgets: bool = False  # ACT: the embeddings are re-initialised every round
+    forgets: bool = False  # ACT: the embeddings are re-initialised every act-period steps
 
 
 BASELINES: dict[str, Baseline] = {

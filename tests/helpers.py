@@ -88,13 +88,13 @@ def share_cache(state_dir: Path, cache: Path) -> Path:
     return state_dir
 
 
-def synthetic_sources(tmp_path: Path, *scripts: str) -> Path:
+def synthetic_sources(tmp_path: Path, *scripts: str, vocab_size: int = 400) -> Path:
     """A sources file of the built-in synthetic languages ``scripts`` (``latin``, ``greek``,
-    ``cyrillic``...), each named ``synth-<script>`` with a vocabulary of 400."""
+    ``cyrillic``...), each named ``synth-<script>`` with a vocabulary of ``vocab_size``."""
     path = tmp_path / "sources.yaml"
     path.write_text(
         "".join(
-            f"- {{name: synth-{s}, path: 'builtin:synthetic-{s}', vocab-size: 400}}\n"
+            f"- {{name: synth-{s}, path: 'builtin:synthetic-{s}', vocab-size: {vocab_size}}}\n"
             for s in scripts
         )
     )

@@ -1,4 +1,5 @@
-"""STD and ACT: temperature sampling, active forgetting, and a short run on built-in data."""
+"""STD and ACT: temperature sampling, stratified batches, active forgetting and its period,
+and a short run on built-in data."""
 
 from pathlib import Path
 
@@ -6,8 +7,17 @@ import numpy as np
 import pytest
 import torch
 
-from dept.baselines import mixture_batches, reset_embeddings, run_standard, temperature_probs
-from dept.config import load_config
+from dept import baselines
+from dept.baselines import (
+    Forgetting,
+    mixture_batches,
+    reset_embeddings,
+    run_standard,
+    stratified_batches,
+    temperature_probs,
+)
+from dept.config import DeptConfig, load_config
+from dept.data import StreamPosition, training_batches
 from dept.model import body_state, build_model, embedding_parameters
 from dept.sources import load_sources
 from dept.train import make_inner_optimizer, next_token_loss
@@ -75,7 +85,7 @@ def test_standard_training_lowers_bpb_on_every_source(tmp_path: Path, forget: bo
         tmp_path / "state",
         temperature=0.3,
         sources_per_round=2,
-        forget_every_round=forget,
+        forgets=forget,
         on_round=lambda r: rounds.append(r.round),
     )
 
@@ -85,3 +95,65 @@ def test_standard_training_lowers_bpb_on_every_source(tmp_path: Path, forget: bo
     assert set(last.eval) == {s.name for s in specs}
     assert last.avg_val_bpb < first.avg_val_bpb
     assert run.embedding_params == 600 * 64
+
+
+def test_stratified_batches_take_each_sources_client_stream_in_order() -> None:
+    streams = [
+        np.full(400, k, dtype=np.int32) + np.arange(400, dtype=np.int32) % 7 for k in (0, 10)
+    ]
+    clients = [training_batches(t, 8, 3, 5, StreamPosition()) for t in streams]
+
+    batches = stratified_batches(streams, seq_len=8, batch_size=3, seed=5)
+
+    for _ in range(4):
+        assert np.array_equal(next(batches), np.concatenate([next(c) for c in clients]))
+
+
+def test_stratified_std_refuses_a_temperature(tmp_path: Path) -> None:
+    cfg = load_config(debug_run_config(tmp_path, **{"global-vocab-size": 600}))
+    specs = [s for s in load_sources(None) if s.name.startswith("synth")][:2]
+
+    with pytest.raises(ValueError, match="stratified batches are τ = 0"):
+        run_standard(cfg, specs, tmp_path / "state", temperature=0.3, sources_per_round=2,
+                     stratified=True)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("period", "resets"), [(0, [4, 8]), (3, [3, 6, 9]), (2, [2, 4, 6, 8, 10]), (12, [])]
+)
+def test_act_forgets_every_period_but_never_at_the_end(period: int, resets: list[int]) -> None:
+    cfg = load_config({"model": "debug", "local-steps": 4, "num-server-rounds": 3,
+                       "act-period": period})  # fmt: skip
+    model = build_model("debug", 50, 16)
+    forgetting = Forgetting(model, make_inner_optimizer(model, cfg), cfg)
+    at_round_end: list[int] = []
+
+    for end in range(4, 13, 4):
+        for step in range(end - 3, end + 1):
+            forgetting.within_round(step)
+        assert end not in forgetting.resets, "a round is evaluated before its reset"
+        forgetting.at_round_end(end)
+        at_round_end += [end] if end in forgetting.resets else []
+
+    assert forgetting.resets == resets
+    assert at_round_end == [s for s in resets if s % 4 == 0]
+
+
+def test_act_period_reaches_run_standard(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    made: list[Forgetting] = []
+
+    class Recorded(Forgetting):
+        def __init__(self, *args: object) -> None:
+            super().__init__(*args)  # type: ignore[arg-type]
+            made.append(self)
+
+    monkeypatch.setattr(baselines, "Forgetting", Recorded)
+    cfg: DeptConfig = load_config(
+        debug_run_config(tmp_path, **{"global-vocab-size": 600, "act-period": 5})
+    )
+    specs = [s for s in load_sources(None) if s.name.startswith("synth")][:2]
+
+    run_standard(cfg, specs, tmp_path / "state", temperature=0.3, sources_per_round=2,
+                 forgets=True)  # fmt: skip
+
+    assert [f.resets for f in made] == [[5, 10, 15]], "2 rounds of 8 steps: never at 16"

@@ -1,5 +1,6 @@
 """dept compare: end to end on the debug preset (every method, one table, crashes shown), and
-its planning: one vocabulary size for every method, rounds from the budget, its help."""
+its planning: one vocabulary size for every method, rounds from the budget (tokens or bytes
+of text), -c overrides, its help."""
 
 from __future__ import annotations
 
@@ -9,9 +10,11 @@ from pathlib import Path
 
 import pytest
 
+from dept.config import ConfigError
 from dept.sources import load_sources
 from dept_cli import compare
 from dept_cli.methods import METHODS
+from dept_cli.text_budget import TextRates
 from tests.helpers import share_cache, synthetic_sources
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -109,22 +112,6 @@ def test_the_budget_becomes_rounds_as_the_help_says(tmp_path: Path) -> None:
     assert (base.num_server_rounds, base.local_steps) == (9, 4)  # 9000 / (2 x 4 x 2 x 64) = 8.8
 
 
-def test_run_config_overrides_reach_every_run_but_not_compares_own_keys(tmp_path: Path) -> None:
-    args = _args(tmp_path, "-c", "keep-inner-optimizer=false weight-decay=0.0", "--lrs", "0.01")
-    out = tmp_path / "out"
-    base = compare.base_config(args, out)
-
-    assert (base.keep_inner_optimizer, base.weight_decay) == (False, 0.0)
-    for plan in compare.make_plans(args, base, out):
-        assert plan.run_config["keep-inner-optimizer"] is False, plan.method
-    refused = _args(tmp_path, "-c", "local-steps=3 num-server-rounds=2")
-    with pytest.raises(compare.ConfigError) as caught:
-        compare.base_config(refused, out)
-    assert str(caught.value) == (
-        "-c local-steps, num-server-rounds: compare sets these itself; use --local-steps, --tokens"
-    )
-
-
 def test_a_stopped_comparison_reuses_finished_runs_of_the_same_plan(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, node_cache: Path
 ) -> None:
@@ -155,11 +142,11 @@ def test_help_shows_every_default_and_how_the_budget_becomes_rounds() -> None:
     text = compare.build_parser().format_help()
 
     options = re.findall(r"^  (--[a-z-]+)(.*?)(?=^  -|^\S|\Z)", text, re.M | re.S)
-    assert len(options) == 19
+    assert len(options) == 20
     no_default = [
         name for name, help_text in options if "(default: " not in " ".join(help_text.split())
     ]
-    assert no_default == ["--sources-file", "--run-config"], "required, or empty by default"
+    assert no_default == ["--sources-file", "--run-config"], "required, or none by default"
     assert "num-server-rounds = max(1, round(tokens / tokens per round))" in text
     assert "so 6 rounds of 40 steps" in text
 
@@ -180,3 +167,65 @@ def test_a_missing_sources_file_is_one_line(
         capsys.readouterr().err
         == f"dept compare: error: config key 'sources-file': {missing} does not exist\n"
     )
+
+
+def test_run_config_overrides_reach_every_run(tmp_path: Path) -> None:
+    args = _args(tmp_path, "-c", "inner-optimizer='sgd' act-period=3", "--lrs", "0.01,0.02")
+    out = tmp_path / "out"
+
+    plans = compare.make_plans(args, compare.base_config(args, out), out)
+
+    assert {(p.run_config["inner-optimizer"], p.run_config["act-period"]) for p in plans} == {
+        ("sgd", 3)
+    }
+
+
+def test_a_key_compare_sets_itself_is_refused_with_its_option(tmp_path: Path) -> None:
+    args = _args(tmp_path, "-c", "local-steps=3 lr=0.1")
+
+    with pytest.raises(ConfigError, match=r"local-steps is compare's own: use --local-steps"):
+        compare.base_config(args, tmp_path / "out")
+    with pytest.raises(ConfigError, match="lr is compare's own: use --lrs"):
+        compare.base_config(args, tmp_path / "out")
+
+
+def test_a_byte_budget_gives_a_denser_tokenizer_fewer_rounds() -> None:
+    rates = TextRates(
+        global_rates={"a": 2.0, "b": 4.0},
+        own_rates={"a": 4.0, "b": 8.0},  # SPEC-OPT's tokens hold twice the text
+        global_sizes={"a": 100, "b": 300},
+    )
+
+    assert rates.bytes_per_token("glob") == rates.bytes_per_token("std-0") == 3.0
+    assert rates.bytes_per_token("spec-opt") == 6.0
+    assert rates.bytes_per_token("std-1") == 0.25 * 2 + 0.75 * 4, "drawn in proportion"
+    assert rates.rounds("glob", 12, 1000) == rates.rounds("spec", 12, 1000) == 12
+    assert rates.rounds("spec-opt", 12, 1000) == 6
+    assert rates.rounds("std-1", 12, 1000) == 10  # 36,000 bytes / 3,500 a round = 10.3
+    assert rates.rounds("spec-opt", 1, 1000) == 1, "never zero rounds"
+
+
+def test_compare_by_bytes_trains_every_method_on_the_same_text(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, node_cache: Path
+) -> None:
+    sources = synthetic_sources(tmp_path, "latin", "greek", vocab_size=2000)
+    monkeypatch.setattr(compare.os, "cpu_count", lambda: 1)
+    out = tmp_path / "out"
+    share_cache(out / "state", node_cache)
+    # fmt: off
+    args = ["--sources-file", str(sources), "--model", "debug", "--tokens", "16384",
+            "--local-steps", "2", "--batch-size", "4", "--seq-len", "64", "--warmup-steps", "1",
+            "--global-vocab-size", "400", "--eval-bytes", "1024", "--lrs", "0.01",
+            "--methods", "std-0,spec-opt", "--budget", "bytes", "--jobs", "1", "--out", str(out)]
+    # fmt: on
+
+    assert compare.main(args) == 0
+
+    report = json.loads((out / "comparison.json").read_text())
+    std, spec_opt = report["methods"]["std-0"], report["methods"]["spec-opt"]
+    assert report["budget"] == "bytes"
+    assert std["rounds"] == 16 > spec_opt["rounds"], "own tokens of 2000 hold more text"
+    per_round = spec_opt["text_bytes"] / spec_opt["rounds"]
+    assert abs(spec_opt["text_bytes"] - std["text_bytes"]) <= per_round / 2
+    table = (out / "comparison.md").read_text()
+    assert "| bytes of text trained | " in table and "same bytes of text" in table
