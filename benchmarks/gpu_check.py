@@ -206,6 +206,8 @@ def read_run(out: Path, log: Path) -> dict[str, Any]:
             {
                 "round": line["round"],
                 "clients": len(trained),
+                # the last round evaluates every source (fraction-evaluate spares the others)
+                "evaluated": sum(s["val_bpb"] is not None for s in line["sources"].values()),
                 "round_s": wall,
                 "slowest_training_s": slowest,
                 "sum_training_s": sum(trained),
@@ -286,10 +288,12 @@ def last_line(log: Path) -> str:
 
 
 def table_rows(rows: list[dict[str, Any]]) -> list[tuple[Any, ...]]:
-    """One line per step (a federation's last round: the first carries the start-up)."""
+    """One line per step; a federation's by its last round that only trained (the last
+    round also evaluates every source), else its last round."""
     lines = []
     for row in rows:
-        last = row["rounds"][-1] if row.get("rounds") else {}
+        rounds = row.get("rounds") or [{}]
+        last = next((r for r in reversed(rounds) if r.get("evaluated") == 0), rounds[-1])
         share = last.get("orchestration_share")
         lines.append(
             (

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.gpu_check import NO_GPU, Budget, Step, main, read_run, run_step
+from benchmarks.gpu_check import NO_GPU, Budget, Step, main, read_run, run_step, table_rows
 
 TRAINING_KEYS = {"tokens_per_s", "mfu", "achieved_tflops", "peak_tflops", "attention", "params"}
 
@@ -49,7 +49,8 @@ def test_a_step_that_ends_well_gives_its_figures(tmp_path: Path) -> None:
 
 def test_orchestration_share_is_the_round_less_its_slowest_client(tmp_path: Path) -> None:
     def line(server_round: int, wall_s: float, train_s: list[float | None]) -> str:
-        sources = {f"s{i}": {"train_s": t} for i, t in enumerate(train_s)}
+        bpb = 1.0 if server_round != 1 else None  # evaluated before training and at the end
+        sources = {f"s{i}": {"train_s": t, "val_bpb": bpb} for i, t in enumerate(train_s)}
         return json.dumps({"round": server_round, "wall_s": wall_s, "sources": sources})
 
     lines = [line(0, 5.0, [None, None]), line(1, 25.0, [12.0, 15.0]), line(2, 35.0, [8.0, 9.0])]
@@ -67,8 +68,11 @@ def test_orchestration_share_is_the_round_less_its_slowest_client(tmp_path: Path
     assert first["round_s"] == 20.0 and first["orchestration_share"] == pytest.approx(0.25)
     assert second["round_s"] == 10.0 and second["orchestration_share"] == pytest.approx(0.1)
     assert second["sum_training_s"] == 17.0 and second["clients"] == 2
+    assert [first["evaluated"], second["evaluated"]] == [0, 2]
     assert result["client_devices"] == ["cuda:0 (NVIDIA H200, 139.8 GiB)"]
     assert result["gpus_per_client"] == 0.5 and result["processes"] == 2
+    (row,) = table_rows([{"step": "f", "status": "ok", "seconds": 1.0, **result}])
+    assert row[-2:] == (20.0, "25.0%"), "the table shows the round that only trained"
 
 
 def _check(tmp_path: Path, extra: list[str]) -> dict:
@@ -100,6 +104,7 @@ def test_cpu_version_runs_every_step_and_says_no_gpu(
     federation = steps["federation 4 sources"]
     assert [r["clients"] for r in federation["rounds"]] == [4, 4]
     assert all(0 < r["orchestration_share"] < 1 for r in federation["rounds"])
+    assert [r["evaluated"] for r in federation["rounds"]] == [0, 4]
     assert [d.split()[0] for d in federation["client_devices"]] == ["cpu"]
     assert steps["source on 2 processes"]["processes"] == 2
     assert result["total_s"] < 450
