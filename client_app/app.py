@@ -15,6 +15,7 @@ round goes on.
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from pathlib import Path
 
@@ -34,7 +35,13 @@ log = logging.getLogger(__name__)
 ANNOUNCED = "announced"
 # The process Flower 1.42 runs each deployment message in (one per message).
 DEPLOYMENT_PROCESS = "flwr-clientapp"
+ANSWER_LINE = "%s: %s answered %.3f s after arrival, %.3f s of it training"
 app = ClientApp()
+
+
+def _deployed() -> bool:
+    """Whether this process is a deployment's one-message ClientApp process."""
+    return Path(sys.argv[0]).name == DEPLOYMENT_PROCESS
 
 
 def _first_call(context: Context, source: str) -> bool:
@@ -52,7 +59,7 @@ def _warm(node_config: dict) -> bool:
     exactly when this is a deployment's one-message process."""
     value = node_config.get(WARM_KEY)
     if value is None:
-        return Path(sys.argv[0]).name == DEPLOYMENT_PROCESS
+        return _deployed()
     if str(value).lower() not in ("true", "false"):
         raise ValueError(f"node config key {WARM_KEY!r} must be true or false, not {value!r}")
     return str(value).lower() == "true"
@@ -93,7 +100,28 @@ def _reply(kind: str, msg: Message, context: Context) -> Message:
             Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION, reason=f"{who}: {what}"),
             reply_to=msg,
         )
+    if _deployed():  # elsewhere the process outlives it
+        _log_answer_time(kind, msg, content)
     return Message(content, reply_to=msg)
+
+
+def _log_answer_time(kind: str, msg: Message, content: RecordDict) -> None:
+    """How long after its process started (in deployment: the message arrived) the reply
+    went, and how much of it the local steps took: the rest is this message's fixed cost
+    (``benchmarks/message_overhead.py`` reads this line)."""
+    metrics = content.metric_records.get(keys.METRICS)
+    training = float(metrics.get(keys.TRAIN_SECONDS, 0.0)) if metrics is not None else 0.0
+    config = msg.content.config_records.get(keys.CONFIG)
+    source = config.get(keys.SOURCE, "") if config is not None else ""
+    log.info(ANSWER_LINE, source, kind, _process_age(), training)
+
+
+def _process_age() -> float:
+    """Seconds since this process started (Linux ``/proc``; the interpreter's own start
+    included, which a cold message pays)."""
+    start_ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
+    uptime = float(Path("/proc/uptime").read_text().split()[0])
+    return uptime - start_ticks / os.sysconf("SC_CLK_TCK")
 
 
 @app.query()
