@@ -110,7 +110,7 @@ def _log_answer_time(kind: str, msg: Message, content: RecordDict) -> None:
     went, and how much of it the local steps took: the rest is this message's fixed cost
     (``benchmarks/message_overhead.py`` reads this line)."""
     metrics = content.metric_records.get(keys.METRICS)
-    training = float(metrics.get(keys.TRAIN_SECONDS, 0.0)) if metrics is not None else 0.0
+    training = float(metrics.get(keys.TRAIN_SECONDS, 0.0)) if metrics else 0.0  # type: ignore[arg-type]
     config = msg.content.config_records.get(keys.CONFIG)
     source = config.get(keys.SOURCE, "") if config is not None else ""
     log.info(ANSWER_LINE, source, kind, _process_age(), training)
