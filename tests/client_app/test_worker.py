@@ -169,3 +169,17 @@ def test_a_call_without_the_node_token_is_refused(root: Path, node_cache: Path) 
     with pytest.raises(channel.RemoteError, match="node token"):
         worker.call(channel.QUERY, query, False, run_config, node)
     assert (worker.folder / LIFE_LOCK).exists()
+
+
+@pytest.mark.slow
+def test_the_worker_launches_a_two_process_source_s_ranks(
+    root: Path, node_cache: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    run_config = debug_run_config(root, **{"num-server-rounds": 1, "local-steps": 2})
+    [node] = nodes(root, node_cache, warm=True)[:1]
+    grid = LocalGrid(client_app, [{**node, "nproc": 2}], run_config)
+    summary = run_federation(grid, run_config).summary
+
+    assert "[rank 0/2]" in capfd.readouterr().err, "the ranks ran, launched by the worker"
+    assert summary["sources"][SOURCES[0]]["tokens_trained"] > 0
+    assert worker_pids(root), "and it serves on"
