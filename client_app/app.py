@@ -1,146 +1,47 @@
-"""Thin Flower handlers: unpack the Message, call :class:`dept.source_client.SourceClient`, reply.
+"""Thin Flower handlers: unpack the Message, have the node's work done, reply.
 
-``arrays`` in a train or evaluate message hold θ, plus φ for GLOB and φ's V_k rows for
-TRIM (float32); a train reply holds their pseudo-gradients, encoded as ``compression`` says
-(:mod:`dept.compression`), and for TRIM the ids of the rows.
+The work itself is :mod:`client_app.tasks`. In a deployment every message starts a fresh
+``flwr-clientapp`` process, so the work goes to the node's warm worker
+(:mod:`client_app.warm`), which keeps torch imported and the source built across messages;
+this module then imports neither. In simulation a Ray actor already lives across messages
+and the work runs here, in process; node-config ``warm-worker=false`` (or ``true``) decides
+it explicitly.
 
-A failure (bad node config, unreadable data, NaN loss) becomes an error reply whose reason
-names the source and the problem, so it reaches the server log and the round goes on.
+A failure (bad node config, unreadable data, NaN loss, a worker that died) becomes an error
+reply whose reason names the source and the problem, so it reaches the server log and the
+round goes on.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import functools
-import json
 import logging
-import re
-from collections.abc import Callable
+import os
+import sys
+from pathlib import Path
 
-import datasets
-import numpy as np
-from flwr.app import (
-    Array,
-    ArrayRecord,
-    ConfigRecord,
-    Context,
-    Error,
-    Message,
-    MetricRecord,
-    RecordDict,
-)
+from flwr.app import ConfigRecord, Context, Error, Message, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.common.constant import ErrorCode
 
-from client_app.node import node_setup, served_sources
+from client_app.channel import EVALUATE, QUERY, TRAIN, RemoteError
+from client_app.warm import WARM_KEY, WarmWorker
 from dept import keys
-from dept.config import load_config
-from dept.devices import describe, unused_gpus_warning
 from dept.logs import drop_misleading_notices, route_to
-from dept.source_client import SourceClient
-from dept.workspace import Attempt, Workspace
 
 log = logging.getLogger(__name__)
-RUN_ID_PATTERN = re.compile(r"[A-Za-z0-9_-]{1,64}")
 # context.state: the sources this node has said where their embeddings came from. It lives
 # as long as the SuperNode (across rounds, in simulation and deployment), so a node says it
 # once per source and run, and again after a restart: what a returning node found.
 ANNOUNCED = "announced"
+# The process Flower 1.42 runs each deployment message in (one per message).
+DEPLOYMENT_PROCESS = "flwr-clientapp"
+ANSWER_LINE = "%s: %s answered %.3f s after arrival, %.3f s of it training"
 app = ClientApp()
 
 
-def _client(msg: Message, context: Context) -> SourceClient:
-    """The source the server addressed, set up from this node's config and state."""
-    config = msg.content.config_records[keys.CONFIG]
-    run_id = str(config[keys.RUN_ID])
-    if not RUN_ID_PATTERN.fullmatch(run_id):  # it becomes a folder name on this node
-        raise ValueError(f"refusing run id {run_id!r}: expected 1-64 letters, digits, '-' or '_'")
-    return _set_up(
-        run_id,
-        str(config[keys.SOURCE]),
-        json.dumps(dict(context.run_config), sort_keys=True),
-        json.dumps(dict(context.node_config), sort_keys=True),
-    )
-
-
-@functools.lru_cache(maxsize=32)
-def _set_up(run_id: str, source: str, run_config: str, node_config: str) -> SourceClient:
-    """Built once per process for a run and source: text, tokenizer, tokens and V_k do not
-    change within a run, while everything that does (φ_k, optimizer, position) is read from
-    the node's state directory on every call, so a cached client is never stale."""
-    cfg = load_config(json.loads(run_config))
-    setup = node_setup(cfg, json.loads(node_config), source)
-    if setup.device:
-        cfg = dataclasses.replace(cfg, device=setup.device)
-    workspace = Workspace(setup.state_root, run_id, setup.spec.name)
-    return SourceClient(cfg, setup.spec, workspace, setup.all_sources, setup.global_tokenizer)
-
-
-def _announce(context: Context, client: SourceClient) -> bool:
-    """Whether this is the node's first call as ``client``'s source (:data:`ANNOUNCED`);
-    then it says where the source trains, warning where this machine's GPUs go unused."""
-    first = _first_call(context, client.spec.name)
-    if first:
-        log.info("%s: trains on %s", client.spec.name, describe(client.device))
-        unused = unused_gpus_warning(client.device)
-        if unused:
-            log.warning("%s: %s", client.spec.name, unused)
-    return first
-
-
-def _reply_or_error(msg: Message, context: Context, handler: Callable[[], RecordDict]) -> Message:
-    route_to("flwr")
-    drop_misleading_notices("flwr")
-    datasets.disable_progress_bars()
-    try:
-        content = handler()
-    except Exception as exc:  # reported to the server as an error reply, never dropped
-        config = msg.content.config_records.get(keys.CONFIG)
-        source = config.get(keys.SOURCE) if config is not None else None
-        source = source or context.node_config.get("source")
-        partition = context.node_config.get("partition-id")
-        who = f"source {source!s}" if source else f"partition {partition!s}"
-        log.exception("%s failed", who)
-        reason = f"{who}: {type(exc).__name__}: {exc}"
-        return Message(
-            Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION, reason=reason), reply_to=msg
-        )
-    return Message(content, reply_to=msg)
-
-
-@app.query()
-def query(msg: Message, context: Context) -> Message:
-    """Discovery: which sources this node serves (data paths checked)."""
-
-    def run() -> RecordDict:
-        config = msg.content.config_records[keys.CONFIG]
-        if config.get(keys.REQUEST) == keys.VOCABULARY:
-            client = _client(msg, context)
-            ids = client.shared_ids
-            if ids is None:
-                raise ValueError(f"variant {client.variant.name!r} shares no embedding rows")
-            info = ConfigRecord({keys.SOURCE: client.spec.name})
-            arrays = ArrayRecord({keys.EMBEDDING_IDS: Array(ids.astype(np.int32))})
-            return RecordDict({keys.ARRAYS: arrays, keys.INFO: info})
-        served, _ = served_sources(load_config(context.run_config), dict(context.node_config))
-        return RecordDict({keys.INFO: ConfigRecord({keys.SOURCES: [s.name for s in served]})})
-
-    return _reply_or_error(msg, context, run)
-
-
-def _last_trained(config: ConfigRecord) -> int:
-    return int(config.get(keys.LAST_TRAINED, -1))  # type: ignore[arg-type]
-
-
-def _info(client: SourceClient, state_event: str) -> ConfigRecord:
-    return ConfigRecord({keys.SOURCE: client.spec.name, keys.STATE_EVENT: state_event})
-
-
-def _attempt(config: ConfigRecord) -> Attempt:
-    return Attempt(
-        str(config.get(keys.ATTEMPT, "")),
-        int(config.get(keys.RESUMED_AFTER, -1)),  # type: ignore[arg-type]
-    )
+def _deployed() -> bool:
+    """Whether this process is a deployment's one-message ClientApp process."""
+    return Path(sys.argv[0]).name == DEPLOYMENT_PROCESS
 
 
 def _first_call(context: Context, source: str) -> bool:
@@ -153,73 +54,87 @@ def _first_call(context: Context, source: str) -> bool:
     return first
 
 
-def _shared(msg: Message) -> dict:
-    """θ, and ψ, φ or φ's rows where the variant shares them."""
-    return msg.content.array_records[keys.ARRAYS].to_torch_state_dict()
+def _warm(node_config: dict) -> bool:
+    """Whether this message goes to the node's warm worker: as ``warm-worker`` says, else
+    exactly when this is a deployment's one-message process."""
+    value = node_config.get(WARM_KEY)
+    if value is None:
+        return _deployed()
+    if str(value).lower() not in ("true", "false"):
+        raise ValueError(f"node config key {WARM_KEY!r} must be true or false, not {value!r}")
+    return str(value).lower() == "true"
+
+
+def _work(kind: str, msg: Message, context: Context) -> RecordDict:
+    config = msg.content.config_records.get(keys.CONFIG)
+    source = str(config.get(keys.SOURCE, "")) if config is not None else ""
+    first = bool(source) and kind != QUERY and _first_call(context, source)
+    node_config = dict(context.node_config)
+    if _warm(node_config):
+        run_config = dict(context.run_config)
+        worker = WarmWorker.for_node(node_config, run_config)
+        return worker.call(kind, msg.content, first, run_config, node_config)
+    from client_app.tasks import Task, run_task  # torch and co., only where work runs here
+
+    return run_task(Task(kind, msg.content, context.run_config, node_config, first))
+
+
+def _reply(kind: str, msg: Message, context: Context) -> Message:
+    route_to("flwr")
+    drop_misleading_notices("flwr")
+    try:
+        content = _work(kind, msg, context)
+    except Exception as exc:  # reported to the server as an error reply, never dropped
+        config = msg.content.config_records.get(keys.CONFIG)
+        source = config.get(keys.SOURCE) if config is not None else None
+        source = source or context.node_config.get("source")
+        partition = context.node_config.get("partition-id")
+        who = f"source {source!s}" if source else f"partition {partition!s}"
+        if isinstance(exc, RemoteError):  # the worker logged its traceback
+            what = exc.what
+            log.error("%s failed: %s", who, what)
+        else:
+            what = f"{type(exc).__name__}: {exc}"
+            log.exception("%s failed", who)
+        return Message(
+            Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION, reason=f"{who}: {what}"),
+            reply_to=msg,
+        )
+    if _deployed():  # elsewhere the process outlives it
+        _log_answer_time(kind, msg, content)
+    return Message(content, reply_to=msg)
+
+
+def _log_answer_time(kind: str, msg: Message, content: RecordDict) -> None:
+    """How long after its process started (in deployment: the message arrived) the reply
+    went, and how much of it the local steps took: the rest is this message's fixed cost
+    (``benchmarks/message_overhead.py`` reads this line)."""
+    metrics = content.metric_records.get(keys.METRICS)
+    training = float(metrics.get(keys.TRAIN_SECONDS, 0.0)) if metrics else 0.0  # type: ignore[arg-type]
+    config = msg.content.config_records.get(keys.CONFIG)
+    source = config.get(keys.SOURCE, "") if config is not None else ""
+    log.info(ANSWER_LINE, source, kind, _process_age(), training)
+
+
+def _process_age() -> float:
+    """Seconds since this process started (Linux ``/proc``; the interpreter's own start
+    included, which a cold message pays)."""
+    start_ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
+    uptime = float(Path("/proc/uptime").read_text().split()[0])
+    return uptime - start_ticks / os.sysconf("SC_CLK_TCK")
+
+
+@app.query()
+def query(msg: Message, context: Context) -> Message:
+    """Discovery: which sources this node serves (data paths checked), or a source's V_k."""
+    return _reply(QUERY, msg, context)
 
 
 @app.train()
 def train(msg: Message, context: Context) -> Message:
-    def run() -> RecordDict:
-        client = _client(msg, context)
-        config = msg.content.config_records[keys.CONFIG]
-        received = msg.content.array_records[keys.ARRAYS].count_bytes()
-        first = _announce(context, client)
-        result = client.train_round(
-            _shared(msg),
-            int(config[keys.GLOBAL_STEP]),  # type: ignore[arg-type]
-            int(config[keys.SERVER_ROUND]),  # type: ignore[arg-type]
-            _attempt(config),
-            _last_trained(config),
-            announce=first,
-        )
-        arrays = ArrayRecord(result.payload)  # compressed as configured; ids stay int32
-        if client.shared_ids is not None:
-            arrays[keys.EMBEDDING_IDS] = Array(client.shared_ids.astype(np.int32))
-        metrics = MetricRecord(
-            {
-                keys.NUM_EXAMPLES: result.stats.tokens,
-                keys.TRAIN_LOSS: result.stats.mean_loss,
-                keys.TRAIN_FINAL_LOSS: result.stats.final_loss,
-                keys.TRAIN_SECONDS: result.stats.seconds,
-                keys.TOKENS_PER_S: result.stats.tokens_per_s,
-                keys.LOCAL_STEPS: result.stats.steps,
-                keys.BYTES_RECEIVED: received,
-                keys.BYTES_SENT: arrays.count_bytes(),
-                keys.EMBEDDING_PARAMS: client.embedding_params(),
-            }
-        )
-        info = _info(client, result.state_event)
-        return RecordDict({keys.ARRAYS: arrays, keys.METRICS: metrics, keys.INFO: info})
-
-    return _reply_or_error(msg, context, run)
+    return _reply(TRAIN, msg, context)
 
 
 @app.evaluate()
 def evaluate(msg: Message, context: Context) -> Message:
-    def run() -> RecordDict:
-        client = _client(msg, context)
-        config = msg.content.config_records[keys.CONFIG]
-        first = _announce(context, client)
-        result, state_event = client.evaluate(
-            _shared(msg),
-            int(config[keys.SERVER_ROUND]),  # type: ignore[arg-type]
-            _attempt(config),
-            _last_trained(config),
-            announce=first,
-        )
-        metrics = MetricRecord(
-            {
-                keys.NUM_EXAMPLES: result.tokens,
-                keys.VAL_LOSS: result.loss,
-                keys.VAL_PPL: result.perplexity,
-                keys.VAL_BPB: result.bits_per_byte,
-                keys.VAL_TOKENS: result.tokens,
-                keys.VAL_BYTES: result.bytes,
-                keys.EMBEDDING_PARAMS: client.embedding_params(),
-                keys.ORACLE_BPB: client.oracle_bpb if client.oracle_bpb is not None else -1.0,
-            }
-        )
-        return RecordDict({keys.METRICS: metrics, keys.INFO: _info(client, state_event)})
-
-    return _reply_or_error(msg, context, run)
+    return _reply(EVALUATE, msg, context)

@@ -18,12 +18,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from client_app.warm import IDLE_KEY, WARM_KEY
 from dept.config import ConfigError, DeptConfig, check_device_name, resolve_path
 from dept.sources import SourceSpec, check_source_paths, parse_source, run_sources
+from dept.state_root import default_state_root
 from dept.variants import variant
-from dept.workspace import default_state_root
 
-NODE_ONLY_KEYS = ("state-dir", "global-tokenizer", "device")
+NODE_ONLY_KEYS = ("state-dir", "global-tokenizer", "device", WARM_KEY, IDLE_KEY)
 SIMULATION_KEYS = ("partition-id", "num-partitions")
 
 

@@ -42,9 +42,10 @@ from dept.model import (
 )
 from dept.source_client import SourceClient
 from dept.sources import load_sources, run_sources
+from dept.state_root import default_state_root
 from dept.variants import VARIANTS, variant
 from dept.vocab import check_fits, load_tokenizer
-from dept.workspace import Workspace, default_state_root, global_tokenizer, replace_dir
+from dept.workspace import Workspace, global_tokenizer, replace_dir
 
 
 @dataclass

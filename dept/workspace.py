@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import pickle
 import re
 import shutil
@@ -70,11 +69,6 @@ STATE_ERRORS = (
     SafetensorError,
 )
 log = logging.getLogger(__name__)
-
-
-def default_state_root() -> Path:
-    """``$XDG_CACHE_HOME/dept`` (``~/.cache/dept``): node-local, survives restarts."""
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "dept"
 
 
 def cache_dir(root: Path) -> Path:

@@ -11,6 +11,7 @@ import torch
 from flwr.app import Context, RecordDict
 
 from client_app import app as client_app
+from client_app import tasks
 from client_app.node import node_setup, served_sources
 from dept import devices
 from dept.config import ConfigError, load_config
@@ -104,8 +105,10 @@ def test_each_source_says_its_device_once_per_run(
         device = torch.device("cpu")
 
     context = Context(0, 1, {}, RecordDict(), {})
-    with caplog.at_level(logging.INFO, logger=client_app.__name__):
-        firsts = [client_app._announce(context, Client()) for _ in range(3)]  # type: ignore[arg-type]
+    with caplog.at_level(logging.INFO, logger=tasks.__name__):
+        firsts = [client_app._first_call(context, "python") for _ in range(3)]
+        for first in firsts:
+            tasks._say_device(Client(), first)  # type: ignore[arg-type]
     assert firsts == [True, False, False]
     said = [r for r in caplog.records if "trains on cpu (" in r.getMessage()]
     warned = [r for r in caplog.records if r.levelno == logging.WARNING]
