@@ -2,8 +2,9 @@
 
     python -m benchmarks.compression
 
-runs one federation per setting — compression ``none``, ``fp16``, ``int8`` and ``int8``
-without error feedback — with everything else equal (sources, seed, model, schedule,
+runs one federation per setting — compression ``none``, ``fp16``, ``int8``, ``int8`` without
+error feedback, ``int4``, ``int2`` and ``topk`` at densities 0.1 and 0.01 — with everything else
+equal (sources, seed, model, schedule,
 variant), through the real ServerApp and ClientApp in process
 (:func:`dept_cli.in_process.federate_in_process`), one after another in this process. Bytes
 are what the replies' ArrayRecords hold (``summary.json`` ``comm``). Writes
@@ -23,17 +24,22 @@ import time
 from pathlib import Path
 from typing import Any
 
+from dept.compression import TOPK_DENSITY
 from dept.config import DeptConfig, load_config, resolve_path, to_run_config
 from dept.sources import SourceSpec, check_source_paths, load_sources, write_sources
 from dept_cli.in_process import federate_in_process
 from server_app.report import dumps
 
 log = logging.getLogger("compression")
-SETTINGS = {  # label: (compression, error feedback)
-    "none": ("none", False),
-    "fp16": ("fp16", True),
-    "int8": ("int8", True),
-    "int8-no-ef": ("int8", False),
+SETTINGS = {  # label: (compression, error feedback, topk density)
+    "none": ("none", False, TOPK_DENSITY),
+    "fp16": ("fp16", True, TOPK_DENSITY),
+    "int8": ("int8", True, TOPK_DENSITY),
+    "int8-no-ef": ("int8", False, TOPK_DENSITY),
+    "int4": ("int4", True, TOPK_DENSITY),
+    "int2": ("int2", True, TOPK_DENSITY),
+    "topk-0.1": ("topk", True, 0.1),
+    "topk-0.01": ("topk", True, 0.01),
 }
 DEFAULT_SOURCES = "code-python,de-novels,ru-chekhov,zh-techdoc"
 QUICK_SOURCES = "synth-latin,synth-greek"
@@ -87,13 +93,14 @@ def prepare(base: DeptConfig, specs: list[SourceSpec]) -> None:
 
 def run_setting(base: DeptConfig, label: str, work: Path) -> dict[str, Any]:
     """One federation with the setting ``label``; its bytes and bits per byte."""
-    compression, feedback = SETTINGS[label]
+    compression, feedback, density = SETTINGS[label]
     out_dir = work / "runs" / label
     shutil.rmtree(out_dir, ignore_errors=True)  # a fresh run, not a resume of an old one
     config = {
         **to_run_config(base),
         "compression": compression,
         "compression-error-feedback": feedback,
+        "topk-density": density,
         "output-dir": str(out_dir),
     }
     started = time.perf_counter()
@@ -106,6 +113,7 @@ def run_setting(base: DeptConfig, label: str, work: Path) -> dict[str, Any]:
         "setting": label,
         "compression": compression,
         "error_feedback": feedback,
+        "topk_density": density if compression == "topk" else None,
         "wall_s": wall_s,
         "bytes_up": comm["bytes_up"],
         "bytes_down": comm["bytes_down"],

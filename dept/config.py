@@ -30,7 +30,7 @@ from dept.variants import VARIANTS, VariantName
 
 # Choices whose code imports this module (dept.train, dept.compression), or is not the
 # core's (dept_strategy); named here so the config (and --help) loads without torch.
-CompressionName = Literal["none", "fp16", "int8"]  # how pseudo-gradients travel up
+CompressionName = Literal["none", "fp16", "int8", "int4", "int2", "topk"]  # Δ's trip up
 AggregationName = Literal["mean", "trimmed-mean", "median"]  # how a round's updates combine
 OutlierAction = Literal["clip", "reject"]  # what becomes of an update too large to be honest
 DataParallelName = Literal["ddp", "fsdp"]  # how a source with nproc > 1 splits its training
@@ -141,13 +141,18 @@ class DeptConfig:
     compression: CompressionName = doc(
         "none",
         "how each source sends its pseudo-gradient up: none (float32), fp16 (half the bytes), "
-        "int8 (int8 codes and one float32 scale per block of 256 values: about 3.9x fewer "
-        "bytes); θ always goes down as float32",
+        "int8 / int4 / int2 (codes in [-127, 127] / [-7, 7] / {-1, 0, 1}, int4 and int2 packed "
+        "2 and 4 to a byte, and one float32 scale per block of 256 values: about 3.9x / 7.8x / "
+        "15x fewer bytes), topk (per tensor the topk-density share of largest values, float16, "
+        "with int32 indices: 6 bytes a value kept); θ always goes down as float32",
     )
     compression_error_feedback: bool = doc(
         True,
-        "with fp16 or int8, a source adds what its last message lost to its next update (the "
-        "residual stays in its round state on the node)",
+        "with a lossy compression, a source adds what its last message lost to its next update "
+        "(the residual stays in its round state on the node)",
+    )
+    topk_density: float = doc(
+        0.01, "compression topk: the share of each tensor's values sent, in (0, 1]"
     )
     aggregation: AggregationName = doc(
         "mean",
@@ -302,6 +307,7 @@ class DeptConfig:
             "must be 0 (off) or > 1: a reply is refused beyond this many times the round's "
             "median size",
         )
+        _check("topk_density", 0 < self.topk_density <= 1, "must be in (0, 1]")
         _check("fraction_train", 0 < self.fraction_train <= 1, "must be in (0, 1]")
         _check("fraction_evaluate", 0 <= self.fraction_evaluate <= 1, "must be in [0, 1]")
         _check("wait_for_nodes_s", self.wait_for_nodes_s > 0, "must be > 0")

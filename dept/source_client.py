@@ -334,11 +334,11 @@ class SourceClient:
         does, from the largest weight it sent: ``arrays``)."""
         kind = self.cfg.compression
         if kind == "none" or not self.cfg.compression_error_feedback:
-            return encode(delta, kind), {}
+            return encode(delta, kind, self.cfg.topk_density), {}
         biggest = max(float(v.abs().max()) for v in arrays.values())
         limit = max_round_update(self.cfg, global_step, biggest)
         residual = state.residual if state is not None else {}
-        return compress_with_feedback(delta, residual, kind, limit)
+        return compress_with_feedback(delta, residual, kind, limit, self.cfg.topk_density)
 
     def evaluate(
         self,

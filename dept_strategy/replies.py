@@ -19,6 +19,7 @@ import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 
 from dept import keys
+from dept.compression import TOPK_DENSITY
 from dept_strategy.aggregate import RunningMean
 from dept_strategy.history import RunHistory
 from dept_strategy.inflight import InFlight, Target
@@ -40,8 +41,8 @@ ExpectedShapes = Callable[[str], tuple[dict[str, tuple[int, ...]], np.ndarray | 
 class Intake:
     """Where a round's training replies go once checked, and what each must be: the shapes
     and φ rows a source was sent (``expected``), the most tokens a round can train, the
-    compression, the φ tensor names (sized apart), the spool, and the running mean (None
-    under a robust rule, which reads the spool instead)."""
+    compression, the φ tensor names (sized apart), the spool, the running mean (None
+    under a robust rule, which reads the spool instead) and top-k's density."""
 
     expected: ExpectedShapes
     max_weight: float
@@ -49,6 +50,7 @@ class Intake:
     embedding_names: tuple[str, ...]
     spool: RoundSpool
     running: RunningMean | None
+    density: float = TOPK_DENSITY
 
 
 @dataclass
@@ -158,7 +160,7 @@ class ReplyDesk:
             check_source(reply.content, target)
             shapes, rows = intake.expected(target.source)
             update = check_train_reply(
-                reply.content, shapes, intake.max_weight, rows, intake.compression
+                reply.content, shapes, intake.max_weight, rows, intake.compression, intake.density
             )
             path, layout = intake.spool.write(tally.observe(update.tensors()))
         except RejectedReply as exc:

@@ -3,7 +3,7 @@
 Round t: sample sources (found through :mod:`dept_strategy.discovery`), send each source's
 node the shared tensors with the round's global step, receive pseudo-gradients
 Δ_k = shared_{t-1} − shared_k weighted by tokens trained, check and decode each one
-(float32, fp16 or int8: ``compression``) in place, spool it and fold it into the round's
+(as ``compression`` says, :mod:`dept.compression`) in place, spool it and fold it into the round's
 running mean as it comes (:mod:`dept_strategy.spool`, :mod:`dept_strategy.aggregate`), so
 the server holds one reply at a time; refuse the ones too large to be honest
 (:mod:`dept_strategy.screening`), combine the rest (weighted mean, or a robust rule), and take
@@ -43,6 +43,7 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
 from dept import keys
+from dept.compression import TOPK_DENSITY
 from dept.config import COMPRESSIONS
 from dept_strategy.aggregate import RunningMean, combine
 from dept_strategy.discovery import SourceDirectory
@@ -62,7 +63,8 @@ class DeptStrategy(Strategy):
 
     ``embedding_names``: the φ tensors among the outer optimizer's (GLOB, TRIM); ``trim``:
     send each source only its V_k rows of them; ``compression``: how the clients encode
-    their pseudo-gradients (what goes down stays float32); ``spool_dir``: where a round's
+    their pseudo-gradients (what goes down stays float32), ``topk_density`` top-k's share
+    of values; ``spool_dir``: where a round's
     replies wait on disk (default: a temporary folder); ``defences``: how they are screened
     and combined (:mod:`.screening`); ``pinned``: source → the node key that may serve it
     (:mod:`.identity`).
@@ -87,6 +89,7 @@ class DeptStrategy(Strategy):
         embedding_names: tuple[str, ...] = (),
         trim: bool = False,
         compression: str = "none",
+        topk_density: float = TOPK_DENSITY,
         spool_dir: Path | None = None,
         defences: Defences | None = None,
         pinned: dict[str, bytes] | None = None,
@@ -94,6 +97,9 @@ class DeptStrategy(Strategy):
         _check_settings(fraction_train, fraction_evaluate, local_steps, compression)
         self.outer, self.local_steps, self.run_id = outer, local_steps, run_id
         self.compression, self.spool_dir = compression, spool_dir
+        if not 0 < topk_density <= 1:
+            raise ValueError(f"topk_density must be in (0, 1], got {topk_density}")
+        self.topk_density = topk_density
         self.defences = defences or Defences()
         self.reference: UpdateStats | None = None  # the last accepted round's median sizes
         self.fraction_train, self.fraction_evaluate = fraction_train, fraction_evaluate
@@ -310,6 +316,7 @@ class DeptStrategy(Strategy):
                 self.embedding_names,
                 spool,
                 running,
+                self.topk_density,
             )
             arrivals = desk.take_train(replies, intake)
             self._close(desk)

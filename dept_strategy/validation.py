@@ -17,7 +17,7 @@ import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 
 from dept import keys
-from dept.compression import CompressionError, decode_array, payload_keys
+from dept.compression import TOPK_DENSITY, CompressionError, decode_array, payload_keys
 
 Record = TypeVar("Record", ArrayRecord, MetricRecord, ConfigRecord)
 
@@ -65,20 +65,23 @@ def reply_source(content: RecordDict) -> str:
 @dataclass(frozen=True)
 class TrainUpdate:
     """A reply's pseudo-gradient as it travelled (read-only views of the message's arrays),
-    its weight and its finite metrics; :meth:`tensors` decodes it one tensor at a time."""
+    its weight and its finite metrics; :meth:`tensors` decodes it one tensor at a time
+    (``density``: top-k's share of values, which fixes how many each tensor must hold)."""
 
     arrays: dict[str, np.ndarray]
     shapes: dict[str, tuple[int, ...]]
     compression: str
     weight: float
     metrics: dict[str, float]
+    density: float = TOPK_DENSITY
 
     def tensors(self) -> Iterator[tuple[str, np.ndarray]]:
         """(name, float32 value) in the order of ``shapes``, or :class:`RejectedReply` at the
-        first tensor that does not decode (wrong dtype or shape, NaN, bad scales)."""
+        first tensor that does not decode (wrong dtype or length, NaN, bad scales, codes
+        out of range, indices out of range or repeated)."""
         for name, shape in self.shapes.items():
             try:
-                yield name, decode_array(self.arrays, name, shape, self.compression)
+                yield name, decode_array(self.arrays, name, shape, self.compression, self.density)
             except CompressionError as exc:
                 raise RejectedReply(f"{self.compression} payload: {exc}") from exc
 
@@ -89,6 +92,7 @@ def check_train_reply(
     max_weight: float,
     row_ids: np.ndarray | None = None,
     compression: str = "none",
+    density: float = TOPK_DENSITY,
 ) -> TrainUpdate:
     """The reply's pseudo-gradient (keyed like what was sent), weight and metrics, or
     :class:`RejectedReply`; its values are checked as :meth:`TrainUpdate.tensors` decodes
@@ -97,7 +101,8 @@ def check_train_reply(
     The weight is tokens trained, so it cannot exceed what the round's local steps can
     consume (``max_weight``): a larger claim would let one client outweigh all others.
     ``row_ids`` (TRIM) are the φ rows the source was sent; the reply must name the same.
-    ``compression`` is how every client encodes its Δ (:mod:`dept.compression`).
+    ``compression`` is how every client encodes its Δ (:mod:`dept.compression`), with
+    top-k's ``density``.
     """
     arrays = record_of(content, keys.ARRAYS, ArrayRecord)
     metrics = record_of(content, keys.METRICS, MetricRecord)
@@ -121,7 +126,7 @@ def check_train_reply(
             f"keys differ from what was sent: missing {missing[:3]}, unexpected {extra[:3]}"
         )
     views = {name: _read(arrays, name) for name in sorted(expected)}
-    return TrainUpdate(views, shapes, compression, weight, finite_metrics(metrics))
+    return TrainUpdate(views, shapes, compression, weight, finite_metrics(metrics), density)
 
 
 def check_vocabulary(content: RecordDict, num_rows: int) -> np.ndarray:

@@ -180,6 +180,7 @@ def _build_strategy(cfg: DeptConfig, run_id: str) -> DeptStrategy:
         embedding_names=embedding_names,
         trim=variant(cfg.variant).embeddings == "rows",
         compression=cfg.compression,
+        topk_density=cfg.topk_density,
         spool_dir=resolve_path(cfg.output_dir) / SPOOL_DIR,
         defences=defences,
         pinned=load_source_keys(resolve_path(pins)) if pins else None,

@@ -22,6 +22,18 @@ def test_quick_run_compares_every_setting_against_none(tmp_path: Path, node_cach
     assert 1.9 < none / runs["fp16"]["bytes_up"] < 2.0
     assert 3.5 < none / runs["int8"]["bytes_up"] < 4.0
     assert runs["int8"]["bytes_up"] == runs["int8-no-ef"]["bytes_up"]
+    # smaller codes, smaller replies: each setting below the one before it
+    order = [
+        "int8",
+        "topk-0.1",
+        "int4",
+        "int2",
+        "topk-0.01",
+    ]  # 1.02, 0.6, 0.52, 0.27, 0.06 B a value
+    sizes = [runs[label]["bytes_up"] for label in order]
+    assert sizes == sorted(sizes, reverse=True) and len(set(sizes)) == len(sizes)
+    assert none / runs["int4"]["bytes_up"] > 6 and none / runs["topk-0.01"]["bytes_up"] > 20
+    assert runs["topk-0.1"]["topk_density"] == 0.1 and runs["int4"]["topk_density"] is None
     for run in runs.values():
         assert run["dropped"] == 0 and run["avg_val_bpb"] < run["initial_avg_val_bpb"]
         assert len(run["bytes_up_per_round"]) == 2

@@ -43,7 +43,7 @@ def test_compressed_replies_are_decoded_and_malformed_ones_rejected() -> None:
     assert "missing ['a@scale', 'b@scale']" in reasons["uncompressed"]
     assert record.train["good"]["bytes_up"] == replies[0].content[keys.ARRAYS].count_bytes()
     with pytest.raises(ValueError, match="compression"):
-        mock_strategy(compression="int4")
+        mock_strategy(compression="int3")
 
 
 def _honest(value: float) -> dict[str, np.ndarray]:
