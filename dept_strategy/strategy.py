@@ -24,6 +24,7 @@ import logging
 import math
 import random
 import tempfile
+import time
 import uuid
 from collections.abc import Iterable
 from pathlib import Path
@@ -45,6 +46,7 @@ from flwr.serverapp.strategy import Strategy
 from dept import keys
 from dept.config import COMPRESSIONS
 from dept_strategy.aggregate import RunningMean, combine
+from dept_strategy.diagnostics import round_diagnostics
 from dept_strategy.discovery import SourceDirectory
 from dept_strategy.history import RunHistory
 from dept_strategy.inflight import InFlight, Target
@@ -65,7 +67,8 @@ class DeptStrategy(Strategy):
     their pseudo-gradients (what goes down stays float32); ``spool_dir``: where a round's
     replies wait on disk (default: a temporary folder); ``defences``: how they are screened
     and combined (:mod:`.screening`); ``pinned``: source → the node key that may serve it
-    (:mod:`.identity`).
+    (:mod:`.identity`); ``interference``: also the cosine between every pair of a round's
+    updates (:mod:`.diagnostics`; their norms are always recorded).
     """
 
     def __init__(
@@ -90,11 +93,13 @@ class DeptStrategy(Strategy):
         spool_dir: Path | None = None,
         defences: Defences | None = None,
         pinned: dict[str, bytes] | None = None,
+        interference: bool = True,
     ) -> None:
         _check_settings(fraction_train, fraction_evaluate, local_steps, compression)
         self.outer, self.local_steps, self.run_id = outer, local_steps, run_id
         self.compression, self.spool_dir = compression, spool_dir
         self.defences = defences or Defences()
+        self.interference = interference
         self.reference: UpdateStats | None = None  # the last accepted round's median sizes
         self.fraction_train, self.fraction_evaluate = fraction_train, fraction_evaluate
         self.min_train_nodes = max(1, min_train_nodes)
@@ -323,6 +328,7 @@ class DeptStrategy(Strategy):
                     self.min_train_replies,
                 )
                 return None
+            self._diagnose(server_round, accepted)
             delta, frozen_rows = combine(
                 [a.spooled for a in accepted],
                 self.shapes,
@@ -333,6 +339,19 @@ class DeptStrategy(Strategy):
             )
         self.outer.step(delta, frozen_rows)
         return accepted
+
+    def _diagnose(self, server_round: int, accepted: list[Arrival]) -> None:
+        """The accepted updates' norms and, if on, their interference, read from the spool
+        (:mod:`dept_strategy.diagnostics`) into the round's record."""
+        start = time.perf_counter()
+        found = round_diagnostics(
+            [a.target.source for a in accepted],
+            [a.spooled for a in accepted],
+            self.shapes,
+            self.embedding_names,
+            interference=self.interference,
+        )
+        self.history.record_diagnostics(server_round, found, time.perf_counter() - start)
 
     def _spool(self, server_round: int) -> Path:
         if self.spool_dir is None:
