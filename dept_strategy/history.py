@@ -177,9 +177,7 @@ class RunHistory:
         self.embedding_params[source] = emb
         self.comm.add_participation(self.body_params, emb, int(metrics.get(keys.LOCAL_STEPS, 0)))
 
-    def record_diagnostics(
-        self, server_round: int, found: dict[str, Any], seconds: float
-    ) -> None:
+    def record_diagnostics(self, server_round: int, found: dict[str, Any], seconds: float) -> None:
         """``update_norms`` and, where computed, ``interference`` of the round's updates."""
         record = self.at(server_round)
         record.update_norms = found["update_norms"]
