@@ -6,10 +6,12 @@ both sources sent (each norm restricted to those rows too). A cosine near 1 says
 sources pull the shared tensors the same way, near 0 that their steps are unrelated, and
 below 0 that averaging cancels part of each.
 
-Memory and time: the round's replies are already spooled (:mod:`dept_strategy.spool`);
-the Gram matrix is accumulated a block of rows at a time, reading every reply's block
-once (n × :data:`CHUNK_VALUES` / n float64 values in memory), so a round costs one more
-read of its spool and n² dot products per coordinate, never a body-sized buffer.
+The norms come free, from the sizes the screening took as each reply arrived
+(:class:`~dept_strategy.screening.UpdateStats`). For the cosines, the round's replies are
+already spooled (:mod:`dept_strategy.spool`): the Gram matrix is accumulated a block of
+rows at a time, reading every reply's block once (:data:`CHUNK_VALUES` float64 values in
+memory over all replies), so a round costs one more read of its spool and n² dot products
+per coordinate, never a body-sized buffer.
 
 Per block of rows r (global row ids for φ), with A the (n, r, C) values (zero where a
 source holds no such row) and M the (n, r) mask of rows held:
@@ -29,7 +31,7 @@ import numpy as np
 
 from dept_strategy.spool import Spooled
 
-CHUNK_VALUES = 1 << 22  # float64 values of one block, over all replies together
+CHUNK_VALUES = 1 << 20  # float64 values of one block, over all replies together
 
 
 @dataclass
@@ -42,10 +44,6 @@ class Gram:
     @classmethod
     def zeros(cls, n: int) -> Gram:
         return cls(np.zeros((n, n)), np.zeros((n, n)))
-
-    def norms(self) -> np.ndarray:
-        """(n,) each update's L2 norm over all the rows it holds."""
-        return np.sqrt(np.diag(self.sq))
 
     def cosines(self) -> np.ndarray:
         """(n, n) cosine similarity; NaN for a pair with no common nonzero rows."""
@@ -103,25 +101,29 @@ def round_diagnostics(
     groups = {"theta": [n for n in shapes if n not in embedding_names]}
     if embedding_names:
         groups["phi"] = [n for n in shapes if n in embedding_names]
+    norms = {s: update_norms(r, embedding_names) for s, r in zip(sources, replies, strict=True)}
+    out: dict[str, Any] = {"update_norms": norms}
     if interference:
-        grams = {group: gram(replies, names, shapes) for group, names in groups.items()}
-        norms = {g: grams[g].norms() for g in groups}
-    else:  # each reply on its own: one read of it, no pairs
-        norms = {
-            g: np.array([gram([r], names, shapes).norms()[0] for r in replies])
-            for g, names in groups.items()
-        }
-    out: dict[str, Any] = {
-        "update_norms": {s: {g: float(norms[g][k]) for g in groups} for k, s in enumerate(sources)}
-    }
-    if interference:
-        matrices = {g: grams[g].cosines() for g in groups}
+        matrices = {g: gram(replies, names, shapes).cosines() for g, names in groups.items()}
         out["interference"] = {
             "sources": list(sources),
             **{g: m.tolist() for g, m in matrices.items()},
             **{f"{g}_mean_offdiag": mean_off_diagonal(m) for g, m in matrices.items()},
         }
     return out
+
+
+def update_norms(reply: Spooled, embedding_names: tuple[str, ...]) -> dict[str, float]:
+    """The L2 norms of a reply's θ and (where it sent any) φ parts as it is combined (a
+    clipped one after its scaling), from the sizes taken as it arrived: no read."""
+    count = {"theta": 0, "phi": 0}
+    for name, (_, shape) in reply.layout.items():
+        count["phi" if name in embedding_names else "theta"] += math.prod(shape)
+    stats = reply.stats
+    norms = {"theta": stats.body_rms * math.sqrt(count["theta"])}
+    if embedding_names:
+        norms["phi"] = stats.embedding_rms * math.sqrt(count["phi"])
+    return norms
 
 
 def mean_off_diagonal(matrix: np.ndarray) -> float:

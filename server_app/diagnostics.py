@@ -101,12 +101,12 @@ def _plot_interference(lines: list[dict[str, Any]], path: Path, title: str) -> P
         figsize=(3.6 * len(picked) + 1, 3.4 * len(groups)),
         squeeze=False,
     )
-    image = None
+    images = []
     for row, group in enumerate(groups):
         for col, index in enumerate(picked):
             inter = lines[index]["interference"]
             ax, names = axes[row][col], inter["sources"]
-            image = ax.imshow(inter[group], vmin=-1, vmax=1, cmap="RdBu_r")
+            images.append(ax.imshow(inter[group], vmin=-1, vmax=1, cmap="RdBu_r"))
             ax.set_xticks(range(len(names)), names, rotation=90, fontsize=6)
             ax.set_yticks(range(len(names)), names, fontsize=6)
             mean = inter.get(f"{group}_mean_offdiag")
@@ -115,7 +115,7 @@ def _plot_interference(lines: list[dict[str, Any]], path: Path, title: str) -> P
                 f"{GROUPS[group]}, round {lines[index]['round']}\nmean off-diag {shown}",
                 fontsize=8,
             )
-    fig.colorbar(image, ax=axes, shrink=0.8, label="cosine of pseudo-gradients")
+    fig.colorbar(images[0], ax=axes, shrink=0.8, label="cosine of pseudo-gradients")
     fig.suptitle(f"interference — {title}", fontsize=9)
     fig.savefig(path, dpi=120)
     plt.close(fig)

@@ -8,7 +8,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from flwr.app import Error, Message, MessageType
 from flwr.common.constant import ErrorCode
 
