@@ -344,9 +344,10 @@ class DeptStrategy(Strategy):
         """The accepted updates' norms and, if on, their interference, read from the spool
         (:mod:`dept_strategy.diagnostics`) into the round's record."""
         start = time.perf_counter()
+        ordered = sorted(accepted, key=lambda a: a.target.source)  # rows alike every round
         found = round_diagnostics(
-            [a.target.source for a in accepted],
-            [a.spooled for a in accepted],
+            [a.target.source for a in ordered],
+            [a.spooled for a in ordered],
             self.shapes,
             self.embedding_names,
             interference=self.interference,

@@ -100,6 +100,7 @@ def _plot_interference(lines: list[dict[str, Any]], path: Path, title: str) -> P
         len(picked),
         figsize=(3.6 * len(picked) + 1, 3.4 * len(groups)),
         squeeze=False,
+        layout="constrained",
     )
     images = []
     for row, group in enumerate(groups):

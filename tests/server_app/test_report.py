@@ -138,7 +138,7 @@ def test_metrics_carry_drift_norms_and_interference(tmp_path: Path, monkeypatch)
         assert sorted(line["update_norms"]) == names
         assert all(n["theta"] > 0 and n["phi"] > 0 for n in line["update_norms"].values())
         inter = line["interference"]
-        assert sorted(inter["sources"]) == names
+        assert inter["sources"] == names, "in name order, alike every round"
         for group in ("theta", "phi"):
             matrix = np.array(inter[group], dtype=float)
             assert matrix.shape == (3, 3)
