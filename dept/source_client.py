@@ -248,30 +248,14 @@ class SourceClient:
         the server last took an update of this source from (-1: none). A source with
         ``nproc`` > 1 trains on that many processes, each of which calls this with its
         ``ranks`` (:mod:`dept.distributed`). With ``drift-eval`` the source's own model
-        after its local steps is also scored on its validation text (:meth:`local_score`)."""
+        after its local steps is also scored on its validation text (:meth:`local_score`),
+        once, by the call that was not handed ``ranks``."""
+        drift = ranks is None and self.cfg.drift_eval
         if ranks is None and self.spec.nproc > 1:
             result = self._train_on_ranks(
                 arrays, global_step, server_round, attempt, last_trained, announce
             )
-        else:
-            result = self._train_here(
-                arrays, global_step, server_round, attempt, last_trained, announce, ranks
-            )
-        if ranks is None and self.cfg.drift_eval:
-            result.local_val_bpb = self.local_score(arrays, result.delta, server_round, attempt)
-        return result
-
-    def _train_here(
-        self,
-        arrays: dict[str, torch.Tensor],
-        global_step: int,
-        server_round: int,
-        attempt: Attempt | None,
-        last_trained: int,
-        announce: bool,
-        ranks: OneProcess | None,
-    ) -> RoundResult:
-        """:meth:`train_round` in this process (one of ``ranks``, or alone)."""
+            return self._with_drift(result, arrays, server_round, attempt) if drift else result
         ranks = ranks or OneProcess()
         found = self.state(server_round, attempt)
         event = self.state_event(found, server_round, last_trained)
@@ -316,7 +300,18 @@ class SourceClient:
                     self.device.type,
                 ),
             )
-        return RoundResult(delta, payload, stats, event)
+        result = RoundResult(delta, payload, stats, event)
+        return self._with_drift(result, arrays, server_round, attempt) if drift else result
+
+    def _with_drift(
+        self,
+        result: RoundResult,
+        arrays: dict[str, torch.Tensor],
+        server_round: int,
+        attempt: Attempt | None,
+    ) -> RoundResult:
+        result.local_val_bpb = self.local_score(arrays, result.delta, server_round, attempt)
+        return result
 
     def _train_on_ranks(
         self,

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from dept_strategy.history import RunHistory
+from server_app.plots import save_line_plot
 
 DRIFT_PLOT = "drift.png"
 INTERFERENCE_PLOT = "interference.png"
@@ -63,7 +64,6 @@ def plot_diagnostics(history: RunHistory, out_dir: Path, title: str) -> list[Pat
 def _plot_drift(lines: list[dict[str, Any]], path: Path, title: str) -> Path:
     """Per round, the mean over sources of bits per byte before and after averaging."""
     import matplotlib.pyplot as plt
-    from matplotlib.ticker import MaxNLocator
 
     fig, ax = plt.subplots(figsize=(7, 4))
     for key, style, label in (
@@ -76,16 +76,14 @@ def _plot_drift(lines: list[dict[str, Any]], path: Path, title: str) -> Path:
             if line.get("drift")
         ]
         ax.plot(*zip(*points, strict=True), style, label=label)
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.set_xlabel("round")
-    ax.set_ylabel("validation bits per byte (mean over sources)")
-    ax.set_title(f"client drift — {title}")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save_line_plot(
+        fig,
+        ax,
+        path,
+        xlabel="round",
+        ylabel="validation bits per byte (mean over sources)",
+        title=f"client drift — {title}",
+    )
 
 
 def _plot_interference(lines: list[dict[str, Any]], path: Path, title: str) -> Path:

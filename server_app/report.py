@@ -44,6 +44,7 @@ from server_app.diagnostics import (
     diagnostics_summary,
     plot_diagnostics,
 )
+from server_app.plots import save_line_plot
 from server_app.run_status import ERROR_LOG, STATUS_FILE
 from server_app.tracking import TENSORBOARD_DIR, Trackers
 
@@ -164,7 +165,6 @@ class RunReport:
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
-        from matplotlib.ticker import MaxNLocator
 
         fig, ax = plt.subplots(figsize=(7, 4))
         for source in history.sources():
@@ -178,15 +178,14 @@ class RunReport:
         averages = [(r, history.mean_val_bpb(r)) for r in sorted(history.rounds)]
         if any(math.isfinite(v) for _, v in averages):
             ax.plot(*zip(*averages, strict=True), "k--", linewidth=2, label="average")
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-        ax.set_xlabel("round (0 = before training)")
-        ax.set_ylabel("validation bits per byte")
-        ax.set_title(f"DEPT {self.cfg.variant}, model {self.cfg.model}")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-        fig.tight_layout()
-        fig.savefig(self.out_dir / "val_bpb.png", dpi=120)
-        plt.close(fig)
+        save_line_plot(
+            fig,
+            ax,
+            self.out_dir / "val_bpb.png",
+            xlabel="round (0 = before training)",
+            ylabel="validation bits per byte",
+            title=f"DEPT {self.cfg.variant}, model {self.cfg.model}",
+        )
 
 
 def dumps(obj: Any, indent: int | None = None) -> str:
