@@ -162,6 +162,8 @@ def _train(task: Task) -> RecordDict:
             keys.EMBEDDING_PARAMS: client.embedding_params(),
         }
     )
+    if result.local_val_bpb is not None:  # drift-eval: the score before averaging
+        metrics[keys.LOCAL_VAL_BPB] = result.local_val_bpb
     info = _info(client, result.state_event)
     return RecordDict({keys.ARRAYS: arrays, keys.METRICS: metrics, keys.INFO: info})
 

@@ -218,6 +218,16 @@ class DeptConfig:
         "tokenizer (0: all); >= 0",
     )
     eval_batch_size: int = doc(16, "sequences per evaluation batch; >= 1")
+    drift_eval: bool = doc(
+        False,
+        "each trained source also scores its own local model (before averaging) on its "
+        "validation text, for metrics.jsonl's drift: one more evaluation per source and round",
+    )
+    interference: bool = doc(
+        True,
+        "record the cosine between every pair of a round's updates (θ, and φ where shared) in "
+        "metrics.jsonl: one more read of the round's spooled updates on the server",
+    )
     seed: int = doc(0, "seed of body init, embeddings, data order, sampling, synthetic data; >= 0")
     device: str = doc(
         "auto",

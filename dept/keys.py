@@ -49,3 +49,4 @@ VAL_BPB = "val-bpb"
 VAL_TOKENS = "val-tokens"
 VAL_BYTES = "val-bytes"
 ORACLE_BPB = "oracle-bpb"  # best achievable bits per byte where known, else -1
+LOCAL_VAL_BPB = "local-val-bpb"  # train reply (drift-eval): own model before averaging

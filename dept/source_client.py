@@ -63,6 +63,7 @@ class RoundResult:
     payload: dict[str, torch.Tensor]  # what is sent for it, as compression-encoded
     stats: TrainStats
     state_event: str = ""  # what the source reports of its saved state (:func:`state_event`)
+    local_val_bpb: float | None = None  # drift-eval: its own model's score, before averaging
 
 
 class SourceClient:
@@ -246,11 +247,15 @@ class SourceClient:
         """Train round ``server_round`` from θ in ``arrays``; ``last_trained`` is the round
         the server last took an update of this source from (-1: none). A source with
         ``nproc`` > 1 trains on that many processes, each of which calls this with its
-        ``ranks`` (:mod:`dept.distributed`)."""
+        ``ranks`` (:mod:`dept.distributed`). With ``drift-eval`` the source's own model
+        after its local steps is also scored on its validation text (:meth:`local_score`),
+        once, by the call that was not handed ``ranks``."""
+        drift = ranks is None and self.cfg.drift_eval
         if ranks is None and self.spec.nproc > 1:
-            return self._train_on_ranks(
+            result = self._train_on_ranks(
                 arrays, global_step, server_round, attempt, last_trained, announce
             )
+            return self._with_drift(result, arrays, server_round, attempt) if drift else result
         ranks = ranks or OneProcess()
         found = self.state(server_round, attempt)
         event = self.state_event(found, server_round, last_trained)
@@ -295,7 +300,18 @@ class SourceClient:
                     self.device.type,
                 ),
             )
-        return RoundResult(delta, payload, stats, event)
+        result = RoundResult(delta, payload, stats, event)
+        return self._with_drift(result, arrays, server_round, attempt) if drift else result
+
+    def _with_drift(
+        self,
+        result: RoundResult,
+        arrays: dict[str, torch.Tensor],
+        server_round: int,
+        attempt: Attempt | None,
+    ) -> RoundResult:
+        result.local_val_bpb = self.local_score(arrays, result.delta, server_round, attempt)
+        return result
 
     def _train_on_ranks(
         self,
@@ -340,6 +356,31 @@ class SourceClient:
         residual = state.residual if state is not None else {}
         return compress_with_feedback(delta, residual, kind, limit, self.cfg.topk_density)
 
+    def local_score(
+        self,
+        arrays: dict[str, torch.Tensor],
+        delta: dict[str, torch.Tensor],
+        server_round: int,
+        attempt: Attempt | None = None,
+    ) -> float:
+        """Bits per byte of the source's own model at the end of ``server_round``'s local
+        steps, before the server averages it: θ_local = θ_global − Δ with the state the round
+        saved; the same text and code as :meth:`evaluate`, so the two compare alike."""
+        local = {name: arrays[name].float() - delta[name] for name in arrays}
+        state = self.state(server_round + 1, attempt).state
+        return self._score(self.model(local, state, announce=False)).bits_per_byte
+
+    def _score(self, model: PreTrainedModel) -> EvalResult:
+        return evaluate_stream(
+            model,
+            self.tokens.validation,
+            self.token_bytes,
+            seq_len=self.cfg.seq_len,
+            batch_size=self.cfg.eval_batch_size,
+            max_bytes=self.cfg.eval_bytes,
+            vocab_map=self.vocab_map,
+        )
+
     def evaluate(
         self,
         arrays: dict[str, torch.Tensor],
@@ -352,13 +393,4 @@ class SourceClient:
         also what to report of that state (:meth:`state_event`)."""
         found = self.state(server_round + 1, attempt)
         event = self.state_event(found, server_round, last_trained)
-        result = evaluate_stream(
-            self.model(arrays, found.state, announce),
-            self.tokens.validation,
-            self.token_bytes,
-            seq_len=self.cfg.seq_len,
-            batch_size=self.cfg.eval_batch_size,
-            max_bytes=self.cfg.eval_bytes,
-            vocab_map=self.vocab_map,
-        )
-        return result, event
+        return self._score(self.model(arrays, found.state, announce)), event

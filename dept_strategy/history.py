@@ -67,6 +67,10 @@ class RoundRecord:
     failed: list[dict[str, str]] = field(default_factory=list)  # error replies, no reply
     ignored: list[dict[str, str]] = field(default_factory=list)  # unsolicited, duplicates
     state_events: list[dict[str, str]] = field(default_factory=list)  # lost or damaged state
+    # per source {"theta": L2 norm, "phi": ...} of its accepted update (dept_strategy.diagnostics)
+    update_norms: dict[str, dict[str, float]] = field(default_factory=dict)
+    interference: dict[str, Any] = field(default_factory=dict)  # cosines of pairs of updates
+    diagnostics_s: float = 0.0  # server seconds the two took
     bytes_up: int = 0
     bytes_down: int = 0
     wall_s: float = 0.0  # since the run started, when the round ended
@@ -172,6 +176,27 @@ class RunHistory:
         emb = int(metrics.get(keys.EMBEDDING_PARAMS, 0))
         self.embedding_params[source] = emb
         self.comm.add_participation(self.body_params, emb, int(metrics.get(keys.LOCAL_STEPS, 0)))
+
+    def record_diagnostics(self, server_round: int, found: dict[str, Any], seconds: float) -> None:
+        """``update_norms`` and, where computed, ``interference`` of the round's updates."""
+        record = self.at(server_round)
+        record.update_norms = found["update_norms"]
+        record.interference = found.get("interference", {})
+        record.diagnostics_s = seconds
+
+    def drift(self, server_round: int) -> dict[str, dict[str, float]]:
+        """Per source that reported its local model's score (``drift-eval``): bits per byte
+        ``before`` averaging (its own model after its local steps), ``after`` (the averaged
+        model, where evaluated that round) and ``drift`` = after − before."""
+        record = self.at(server_round)
+        out = {}
+        for source, train in sorted(record.train.items()):
+            if keys.LOCAL_VAL_BPB not in train:
+                continue
+            before = train[keys.LOCAL_VAL_BPB]
+            after = record.eval.get(source, {}).get(keys.VAL_BPB, math.nan)
+            out[source] = {"before": before, "after": after, "drift": after - before}
+        return out
 
     def record_eval(self, server_round: int, source: str, metrics: dict[str, float]) -> None:
         self.at(server_round).eval[source] = dict(metrics)
@@ -280,6 +305,7 @@ class RunHistory:
             source: source_row(record.train.get(source, {}), record.eval.get(source, {}))
             for source in sorted({*record.train, *record.eval})
         }
+        drift = self.drift(server_round)  # only with drift-eval on
         return {
             "round": server_round,
             "global_step": record.global_step,
@@ -292,8 +318,12 @@ class RunHistory:
             "failed": record.failed,
             "ignored": record.ignored,
             "state_events": record.state_events,
+            "update_norms": record.update_norms,
+            "interference": record.interference,
+            "diagnostics_s": round(record.diagnostics_s, 4),
             "bytes_up": record.bytes_up,
             "bytes_down": record.bytes_down,
+            **({"drift": drift} if drift else {}),
         }
 
 

@@ -24,6 +24,7 @@ import logging
 import math
 import random
 import tempfile
+import time
 import uuid
 from collections.abc import Iterable
 from pathlib import Path
@@ -46,6 +47,7 @@ from dept import keys
 from dept.compression import TOPK_DENSITY
 from dept.config import COMPRESSIONS
 from dept_strategy.aggregate import RunningMean, combine
+from dept_strategy.diagnostics import round_diagnostics
 from dept_strategy.discovery import SourceDirectory
 from dept_strategy.history import RunHistory
 from dept_strategy.inflight import InFlight, Target
@@ -67,7 +69,8 @@ class DeptStrategy(Strategy):
     of values; ``spool_dir``: where a round's
     replies wait on disk (default: a temporary folder); ``defences``: how they are screened
     and combined (:mod:`.screening`); ``pinned``: source → the node key that may serve it
-    (:mod:`.identity`).
+    (:mod:`.identity`); ``interference``: also the cosine between every pair of a round's
+    updates (:mod:`.diagnostics`; their norms are always recorded).
     """
 
     def __init__(
@@ -93,6 +96,7 @@ class DeptStrategy(Strategy):
         spool_dir: Path | None = None,
         defences: Defences | None = None,
         pinned: dict[str, bytes] | None = None,
+        interference: bool = True,
     ) -> None:
         _check_settings(fraction_train, fraction_evaluate, local_steps, compression)
         self.outer, self.local_steps, self.run_id = outer, local_steps, run_id
@@ -101,6 +105,7 @@ class DeptStrategy(Strategy):
             raise ValueError(f"topk_density must be in (0, 1], got {topk_density}")
         self.topk_density = topk_density
         self.defences = defences or Defences()
+        self.interference = interference
         self.reference: UpdateStats | None = None  # the last accepted round's median sizes
         self.fraction_train, self.fraction_evaluate = fraction_train, fraction_evaluate
         self.min_train_nodes = max(1, min_train_nodes)
@@ -330,6 +335,7 @@ class DeptStrategy(Strategy):
                     self.min_train_replies,
                 )
                 return None
+            self._diagnose(server_round, accepted)
             delta, frozen_rows = combine(
                 [a.spooled for a in accepted],
                 self.shapes,
@@ -340,6 +346,20 @@ class DeptStrategy(Strategy):
             )
         self.outer.step(delta, frozen_rows)
         return accepted
+
+    def _diagnose(self, server_round: int, accepted: list[Arrival]) -> None:
+        """The accepted updates' norms and, if on, their interference, read from the spool
+        (:mod:`dept_strategy.diagnostics`) into the round's record."""
+        start = time.perf_counter()
+        ordered = sorted(accepted, key=lambda a: a.target.source)  # rows alike every round
+        found = round_diagnostics(
+            [a.target.source for a in ordered],
+            [a.spooled for a in ordered],
+            self.shapes,
+            self.embedding_names,
+            interference=self.interference,
+        )
+        self.history.record_diagnostics(server_round, found, time.perf_counter() - start)
 
     def _spool(self, server_round: int) -> Path:
         if self.spool_dir is None:

@@ -184,6 +184,7 @@ def _build_strategy(cfg: DeptConfig, run_id: str) -> DeptStrategy:
         spool_dir=resolve_path(cfg.output_dir) / SPOOL_DIR,
         defences=defences,
         pinned=load_source_keys(resolve_path(pins)) if pins else None,
+        interference=cfg.interference,
         local_steps=cfg.local_steps,
         run_id=run_id,
         fraction_train=cfg.fraction_train,

@@ -4,7 +4,8 @@ Files in ``output-dir``: ``config.json`` (the validated config), ``metrics.jsonl
 object per round, written as the round ends), ``metrics.csv`` (one row per round and
 source: the numbers of its ``sources``), ``summary.json``, ``body.safetensors`` (θ, and ψ
 where shared), ``embeddings.safetensors`` (the global φ, GLOB and TRIM only) and
-``val_bpb.png``, all with the mode the umask gives a new file.
+``val_bpb.png``, with ``drift.png`` and ``interference.png`` where the run measured them
+(:mod:`server_app.diagnostics`), all with the mode the umask gives a new file.
 
 A source none of whose replies counted (each failed or was refused) is in the summary and
 the final table too, with the last reason; so is a node that never said what it serves.
@@ -37,6 +38,13 @@ from dept.files import save_tensors
 from dept.model import position_count
 from dept.variants import variant
 from dept_strategy.history import RunHistory, source_row
+from server_app.diagnostics import (
+    DRIFT_PLOT,
+    INTERFERENCE_PLOT,
+    diagnostics_summary,
+    plot_diagnostics,
+)
+from server_app.plots import save_line_plot
 from server_app.run_status import ERROR_LOG, STATUS_FILE
 from server_app.tracking import TENSORBOARD_DIR, Trackers
 
@@ -50,6 +58,8 @@ RUN_FILES = (
     "embeddings.safetensors",
     "checkpoints",
     "val_bpb.png",
+    DRIFT_PLOT,
+    INTERFERENCE_PLOT,
     TENSORBOARD_DIR,
     STATUS_FILE,
     ERROR_LOG,
@@ -124,6 +134,7 @@ class RunReport:
             save_tensors(embeddings, self.out_dir / "embeddings.safetensors")
         self._write_csv(history)
         self._plot(history)
+        plot_diagnostics(history, self.out_dir, f"DEPT {self.cfg.variant}, model {self.cfg.model}")
         log.info("\n%s", render_table(summary))
         if summary["problems"]:
             kinds = sorted({p["kind"] for p in summary["problems"]})
@@ -154,7 +165,6 @@ class RunReport:
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
-        from matplotlib.ticker import MaxNLocator
 
         fig, ax = plt.subplots(figsize=(7, 4))
         for source in history.sources():
@@ -168,15 +178,14 @@ class RunReport:
         averages = [(r, history.mean_val_bpb(r)) for r in sorted(history.rounds)]
         if any(math.isfinite(v) for _, v in averages):
             ax.plot(*zip(*averages, strict=True), "k--", linewidth=2, label="average")
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-        ax.set_xlabel("round (0 = before training)")
-        ax.set_ylabel("validation bits per byte")
-        ax.set_title(f"DEPT {self.cfg.variant}, model {self.cfg.model}")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-        fig.tight_layout()
-        fig.savefig(self.out_dir / "val_bpb.png", dpi=120)
-        plt.close(fig)
+        save_line_plot(
+            fig,
+            ax,
+            self.out_dir / "val_bpb.png",
+            xlabel="round (0 = before training)",
+            ylabel="validation bits per byte",
+            title=f"DEPT {self.cfg.variant}, model {self.cfg.model}",
+        )
 
 
 def dumps(obj: Any, indent: int | None = None) -> str:
@@ -239,6 +248,7 @@ def build_summary(history: RunHistory, cfg: DeptConfig, wall_s: float) -> dict[s
         "failed_replies": sum(len(r.failed) for r in history.rounds.values()),
         "unserved_nodes": history.unserved_nodes(),
         "problems": history.problems(),
+        "diagnostics": diagnostics_summary(history),
         "wall_s": round(wall_s, 2),
     }
 

@@ -51,6 +51,7 @@ def test_a_round_holds_the_same_whatever_its_number_of_replies(
     # Prepare: float64 chunks far below a tensor, so what is left is what the round keeps
     monkeypatch.setattr("dept_strategy.aggregate.CHUNK_VALUES", 512)
     monkeypatch.setattr("dept_strategy.screening.CHUNK_VALUES", 512)
+    monkeypatch.setattr("dept_strategy.diagnostics.CHUNK_VALUES", 512)
     # Execute
     few, many = (_traced_peak(n, rule, poisoned, tmp_path) for n in (3, 12))
     # Assert: the mean holds its sum and one reply, a robust rule one reply or its result

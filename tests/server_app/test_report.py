@@ -2,13 +2,17 @@
 (one that never counted too, with why), a complete metrics.csv, files of one mode."""
 
 import csv
+import json
 import os
 from pathlib import Path
 
+import numpy as np
+import pytest
 from flwr.app import Error, Message, MessageType
 from flwr.common.constant import ErrorCode
 
 from client_app.app import app as client_app
+from dept import source_client
 from dept.config import load_config
 from dept_strategy.history import source_row
 from server_app.federation import run_federation
@@ -92,3 +96,74 @@ def test_a_run_reports_every_source_and_node_even_those_that_never_counted(
     modes = {p.relative_to(out).as_posix(): oct(p.stat().st_mode & 0o777) for p in files}
     assert set(modes.values()) == {"0o640"}, modes
     assert {"body.safetensors", "checkpoints/round-0001/tensors.safetensors"} <= modes.keys()
+
+
+def _count_evaluations(monkeypatch) -> list[int]:
+    """Every validation scoring a source does, counted (one entry each)."""
+    calls: list[int] = []
+    score = source_client.evaluate_stream
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return score(*args, **kwargs)
+
+    monkeypatch.setattr(source_client, "evaluate_stream", counted)
+    return calls
+
+
+def _diagnosed_run(tmp_path: Path, **overrides) -> tuple[Path, dict]:
+    sources = synthetic_sources(tmp_path, "latin", "greek", "cyrillic")
+    run_config = debug_run_config(
+        tmp_path, **{"sources-file": str(sources), "variant": "trim", **overrides}
+    )
+    nodes = [{"partition-id": i, "num-partitions": 3} for i in range(3)]
+    result = run_federation(LocalGrid(client_app, nodes, run_config), run_config)
+    return result.out_dir, result.summary
+
+
+def test_metrics_carry_drift_norms_and_interference(tmp_path: Path, monkeypatch) -> None:
+    # Prepare
+    calls = _count_evaluations(monkeypatch)
+    # Execute: 2 rounds of 3 sources, each evaluated before, after round 1 and after round 2
+    out, summary = _diagnosed_run(tmp_path, **{"drift-eval": True})
+    # Assert
+    assert len(calls) == 3 * 3 + 2 * 3, "one more scoring per trained source and round"
+    lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    names = ["synth-cyrillic", "synth-greek", "synth-latin"]
+    for line in lines[1:]:
+        assert sorted(line["drift"]) == names
+        for d in line["drift"].values():
+            assert d["drift"] == pytest.approx(d["after"] - d["before"])
+            assert 0 < d["before"] < 20
+        assert sorted(line["update_norms"]) == names
+        assert all(n["theta"] > 0 and n["phi"] > 0 for n in line["update_norms"].values())
+        inter = line["interference"]
+        assert inter["sources"] == names, "in name order, alike every round"
+        for group in ("theta", "phi"):
+            matrix = np.array(inter[group], dtype=float)
+            assert matrix.shape == (3, 3)
+            np.testing.assert_allclose(np.diag(matrix), 1.0, atol=1e-6)
+            np.testing.assert_allclose(matrix, matrix.T, atol=1e-9)
+            assert -1 <= inter[f"{group}_mean_offdiag"] <= 1
+    assert "drift" not in lines[0] and lines[0]["interference"] == {}, "round 0 trains nothing"
+    diag = summary["diagnostics"]
+    assert -1 <= diag["mean_offdiag_cosine"]["theta"] <= 1
+    assert diag["mean_drift"] == pytest.approx(
+        diag["mean_averaged_val_bpb"] - diag["mean_local_val_bpb"]
+    )
+    assert json.loads((out / "summary.json").read_text())["diagnostics"]["mean_drift"] is not None
+    assert (out / "drift.png").stat().st_size > 0
+    assert (out / "interference.png").stat().st_size > 0
+
+
+def test_drift_eval_off_writes_no_drift_and_scores_nothing_more(
+    tmp_path: Path, monkeypatch
+) -> None:
+    calls = _count_evaluations(monkeypatch)
+    out, summary = _diagnosed_run(tmp_path, interference=False, variant="spec")
+    assert len(calls) == 3 * 3, "only the evaluations of rounds 0, 1 and 2"
+    lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert all("drift" not in line and line["interference"] == {} for line in lines)
+    assert all(set(n) == {"theta"} for n in lines[1]["update_norms"].values()), "spec: θ only"
+    assert summary["diagnostics"]["mean_drift"] is None
+    assert not (out / "drift.png").exists() and not (out / "interference.png").exists()
