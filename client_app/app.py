@@ -35,6 +35,9 @@ log = logging.getLogger(__name__)
 ANNOUNCED = "announced"
 # The process Flower 1.42 runs each deployment message in (one per message).
 DEPLOYMENT_PROCESS = "flwr-clientapp"
+# Deployment only, read by benchmarks/message_overhead.py: when the handler got the message
+# (its process started AGE s before, which a cold message pays), and when it answered.
+ARRIVAL_LINE = "%s: %s in hand %.3f s after its process started"
 ANSWER_LINE = "%s: %s answered %.3f s after arrival, %.3f s of it training"
 app = ClientApp()
 
@@ -66,8 +69,7 @@ def _warm(node_config: dict) -> bool:
 
 
 def _work(kind: str, msg: Message, context: Context) -> RecordDict:
-    config = msg.content.config_records.get(keys.CONFIG)
-    source = str(config.get(keys.SOURCE, "")) if config is not None else ""
+    source = _source(msg)
     first = bool(source) and kind != QUERY and _first_call(context, source)
     node_config = dict(context.node_config)
     if _warm(node_config):
@@ -82,12 +84,12 @@ def _work(kind: str, msg: Message, context: Context) -> RecordDict:
 def _reply(kind: str, msg: Message, context: Context) -> Message:
     route_to("flwr")
     drop_misleading_notices("flwr")
+    if _deployed():  # elsewhere the process outlives it
+        log.info(ARRIVAL_LINE, _source(msg), kind, _process_age())
     try:
         content = _work(kind, msg, context)
     except Exception as exc:  # reported to the server as an error reply, never dropped
-        config = msg.content.config_records.get(keys.CONFIG)
-        source = config.get(keys.SOURCE) if config is not None else None
-        source = source or context.node_config.get("source")
+        source = _source(msg) or context.node_config.get("source")
         partition = context.node_config.get("partition-id")
         who = f"source {source!s}" if source else f"partition {partition!s}"
         if isinstance(exc, RemoteError):  # the worker logged its traceback
@@ -111,9 +113,13 @@ def _log_answer_time(kind: str, msg: Message, content: RecordDict) -> None:
     (``benchmarks/message_overhead.py`` reads this line)."""
     metrics = content.metric_records.get(keys.METRICS)
     training = float(metrics.get(keys.TRAIN_SECONDS, 0.0)) if metrics else 0.0  # type: ignore[arg-type]
+    log.info(ANSWER_LINE, _source(msg), kind, _process_age(), training)
+
+
+def _source(msg: Message) -> str:
+    """The source the server addressed ("" for a node-wide query)."""
     config = msg.content.config_records.get(keys.CONFIG)
-    source = config.get(keys.SOURCE, "") if config is not None else ""
-    log.info(ANSWER_LINE, source, kind, _process_age(), training)
+    return str(config.get(keys.SOURCE, "")) if config is not None else ""
 
 
 def _process_age() -> float:

@@ -51,7 +51,7 @@ from client_app.warm import (
 )
 from dept.logs import drop_misleading_notices, route_to
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("client_app.worker")  # run as __main__: name it, or route_to misses it
 REQUEST_S = 60.0  # a caller that connects must send its request within this
 BACKLOG = 16
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import importlib.util
 import math
-import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
@@ -26,6 +25,11 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from dept.outer_optimizers import OUTER_OPTIMIZERS, OuterName
+
+# Re-exported: they live where the thin ClientApp reaches them without omegaconf.
+from dept.state_root import BASE_DIR_ENV as BASE_DIR_ENV
+from dept.state_root import base_dir as base_dir
+from dept.state_root import resolve_path as resolve_path
 from dept.variants import VARIANTS, VariantName
 
 # Choices whose code imports this module (dept.train, dept.compression), or is not the
@@ -40,7 +44,6 @@ COMPRESSIONS: tuple[CompressionName, ...] = get_args(CompressionName)
 AGGREGATIONS: tuple[AggregationName, ...] = get_args(AggregationName)
 OUTLIER_ACTIONS: tuple[OutlierAction, ...] = get_args(OutlierAction)
 DEVICE_PATTERN = re.compile(r"auto|cpu|mps|cuda(:[0-9]+)?")  # dept.devices resolves it
-BASE_DIR_ENV = "DEPT_HOME"
 MAX_VOCAB_SIZE = 1 << 20  # larger vocabularies are not trained here (a typo, not a plan)
 T = TypeVar("T")
 
@@ -381,17 +384,6 @@ def _check_installed(name: str, used: bool, package: str) -> None:
             f"config key '{kebab(name)}' needs the {package} package: "
             f'pip install -e ".[{package}]"'
         )
-
-
-def base_dir() -> Path:
-    """Where relative run-config paths resolve: ``$DEPT_HOME`` if set, else the working dir."""
-    return Path(os.environ.get(BASE_DIR_ENV) or os.getcwd())
-
-
-def resolve_path(value: str, base: Path | None = None) -> Path:
-    """Expand ``~`` and make ``value`` absolute against ``base`` (default :func:`base_dir`)."""
-    path = Path(value).expanduser()
-    return path if path.is_absolute() else (base or base_dir()) / path
 
 
 def load_config(

@@ -124,6 +124,7 @@ def train_local(
     every ``PROGRESS_EVERY_S`` seconds, so even a step of many micro-batches shows it lives.
     """
     model.train()
+    log.info("%s: %d local steps from global step %d", desc, cfg.local_steps, start_step)
     progress = Progress(cfg, desc, start_step)
     losses: list[float] = []
     for local_step in range(cfg.local_steps):
