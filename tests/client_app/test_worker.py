@@ -75,22 +75,38 @@ def nodes(root: Path, cache: Path, warm: bool) -> list[dict[str, object]]:
     ]
 
 
-class KillingGrid(LocalGrid):
-    """SIGKILLs every warm worker under ``root`` before round 2's training."""
+def round_two_training(msg: Message) -> bool:
+    config = msg.content.config_records.get(keys.CONFIG)
+    second = config is not None and config.get(keys.SERVER_ROUND) == 2
+    return second and msg.metadata.message_type == MessageType.TRAIN
 
-    def __init__(self, root: Path, *args, **kwargs) -> None:
+
+class RoundTwoGrid(LocalGrid):
+    """Pushes messages one at a time, calling :meth:`before_training` before each of round
+    2's train messages until it has killed a worker."""
+
+    def __init__(self, folder: Path, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        self.root = root
+        self.folder = folder  # the warm workers under it are the ones to kill
         self.killed: list[int] = []
 
     def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
-        messages = list(messages)
+        ids: list[str] = []
         for msg in messages:
-            config = msg.content.config_records.get(keys.CONFIG)
-            second = config is not None and config.get(keys.SERVER_ROUND) == 2
-            if second and msg.metadata.message_type == MessageType.TRAIN and not self.killed:
-                self.killed = kill_workers(self.root)
-        return super().push_messages(messages)
+            if round_two_training(msg) and not self.killed:
+                self.before_training(msg)
+            ids += super().push_messages([msg])
+        return ids
+
+    def before_training(self, msg: Message) -> None:
+        raise NotImplementedError
+
+
+class KillingGrid(RoundTwoGrid):
+    """SIGKILLs every warm worker under ``folder`` before round 2's training."""
+
+    def before_training(self, msg: Message) -> None:
+        self.killed = kill_workers(self.folder)
 
 
 def _summary(root: Path, cache: Path, warm: bool) -> dict:
@@ -117,25 +133,14 @@ def test_warm_answers_as_cold_even_with_its_worker_killed_between_rounds(
     assert stat.S_IMODE((folder / TOKEN).stat().st_mode) == 0o600
 
 
-class MidCallGrid(LocalGrid):
-    """SIGKILLs ``victim``'s warm worker a moment into round 2's training."""
+class MidCallGrid(RoundTwoGrid):
+    """SIGKILLs the warm worker under ``folder`` (the victim's) a moment into its round 2
+    training: the timer starts as the victim's call does."""
 
-    def __init__(self, victim: Path, *args, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
-        self.victim = victim
-        self.killed: list[int] = []
-
-    def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
-        ids: list[str] = []
-        for msg in messages:  # one at a time: the timer starts as the victim's call does
-            config = msg.content.config_records.get(keys.CONFIG)
-            second = config is not None and config.get(keys.SERVER_ROUND) == 2
-            train = second and msg.metadata.message_type == MessageType.TRAIN
-            if train and msg.metadata.dst_node_id == VICTIM_NODE and not self.killed:
-                self.killed = worker_pids(self.victim)
-                threading.Timer(MID_CALL_S, kill_workers, [self.victim]).start()
-            ids += super().push_messages([msg])
-        return ids
+    def before_training(self, msg: Message) -> None:
+        if msg.metadata.dst_node_id == VICTIM_NODE:
+            self.killed = worker_pids(self.folder)
+            threading.Timer(MID_CALL_S, kill_workers, [self.folder]).start()
 
 
 @pytest.mark.slow
