@@ -11,7 +11,7 @@ pickup and upload) and ours: the thin app's import, (a) arrival at the handler t
 local step and (b) the last step to the reply. The first message a node gets (the query;
 on the warm node it starts the worker) is reported apart from the medians.
 
-    python -m benchmarks.message_overhead            # debug and tiny, 3 rounds of 2 steps
+    python -m benchmarks.message_overhead            # debug and tiny, 2 rounds of 2 steps
 """
 
 from __future__ import annotations
@@ -156,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", nargs="+", default=["debug", "tiny"])
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--local-steps", type=int, default=2)
     parser.add_argument("--out", type=Path, default=Path(f"benchmarks/results/{NAME}"))
     return parser.parse_args(argv)

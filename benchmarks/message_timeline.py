@@ -8,6 +8,11 @@ ClientApp, :mod:`client_app.app`) and k-th ``Sending`` belong to the same messag
 j-th ``local steps`` line of the node (:func:`dept.train.train_local`, in the ClientApp or
 its warm worker) to its j-th train message. The ServerApp's pushes are the SuperLink's
 ``Runtime.PushMessages`` calls (only the ServerApp talks to its Runtime API).
+
+Under heavy load Flower may start more than one ``flwr-clientapp`` for a message: one that
+is slow to claim its task finds its token expired (401) and stops, and the SuperExec starts
+another. The message's process is the one that arrived (its start is the arrival time less
+the age it logs); the others count in ``processes`` and their time in ``spawn``.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ import re
 from bisect import bisect_right
 from dataclasses import dataclass
 from datetime import datetime
+from itertools import pairwise
 
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 STAMPED = re.compile(
@@ -77,6 +83,12 @@ def _matches(found: list[Line], pattern: re.Pattern[str]) -> list[tuple[Line, re
     return [(line, m) for line in found if (m := pattern.match(line.text))]
 
 
+def _last(times: list[float], t: float) -> float:
+    """The latest of ``times`` at or before ``t`` (``t`` itself if none is)."""
+    i = bisect_right(times, t)
+    return times[i - 1] if i else t
+
+
 def _after(found: list[Line], pattern: re.Pattern[str], t: float) -> float:
     """The time of the first line matching ``pattern`` at or after ``t``."""
     for line in found:
@@ -97,25 +109,24 @@ def messages(superlink: str, supernode: str, clientapp: str) -> list[dict[str, f
     arrivals = _matches(app, ARRIVAL)
     answers = _matches(app, ANSWER)
     steps = iter(line.time for line, _ in _matches(app, STEPS))
-    counts = {len(received), len(sending), len(starts), len(loads), len(arrivals), len(answers)}
+    counts = {len(received), len(arrivals), len(answers), len(sending)}
     if len(counts) != 1:
         raise TimelineError(
-            f"a message's lines are missing: {len(received)} received, {len(starts)} "
-            f"processes, {len(arrivals)} arrivals, {len(answers)} answers, {len(sending)} sent"
+            f"a message's lines are missing: {len(received)} received, {len(arrivals)} "
+            f"arrivals, {len(answers)} answers, {len(sending)} sent"
         )
     rows = []
     for k, (receipt, kind) in enumerate(received):
-        pushed = pushes[bisect_right(pushes, receipt.time) - 1] if pushes else receipt.time
         arrival, arrived = arrivals[k]
         answer, answered = answers[k]
         training = float(answered["training"])
         first_step = next(steps) if kind["kind"] == "train" else answer.time - training
         marks = [
-            pushed,
+            _last(pushes, receipt.time),
             receipt.time,
             arrival.time - float(arrived["age"]),  # the process's start
-            starts[k],
-            loads[k],
+            _last(starts, arrival.time),
+            _last(loads, arrival.time),
             arrival.time,
             first_step,
             first_step + training,
@@ -123,8 +134,9 @@ def messages(superlink: str, supernode: str, clientapp: str) -> list[dict[str, f
             sending[k][0].time,
             _after(node, SENT, sending[k][0].time),
         ]
-        row: dict[str, float | str] = {"kind": kind["kind"], "index": k}
-        for (name, _), begin, end in zip(SEGMENTS, marks, marks[1:], strict=True):
+        spawned = [t for t in starts if receipt.time <= t <= arrival.time]
+        row: dict[str, float | str] = {"kind": kind["kind"], "index": k, "processes": len(spawned)}
+        for (name, _), (begin, end) in zip(SEGMENTS, pairwise(marks), strict=True):
             row[name] = round(end - begin, 3)
         row["total"] = round(marks[-1] - marks[0], 3)
         row["ours"] = round(sum(float(row[name]) for name in OURS), 3)
