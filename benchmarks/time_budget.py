@@ -43,21 +43,19 @@ from dept.sources import run_sources
 from dept_cli.in_process import federate_in_process
 
 DEFAULT_SOURCES = "en-shakespeare,de-novels"
-ARMS = ("fixed", "budget")
+SHARED_KEYS = ("model", "local_steps", "batch_size", "seq_len", "eval_bytes")  # from the CLI
 
 
 def run_config(args: argparse.Namespace, arm: str, **budget: Any) -> dict[str, Any]:
     """The run config of ``arm``: the arms share sources, model, schedule and node state."""
+    same = {key: getattr(args, key) for key in SHARED_KEYS}
+    out = str(args.work / arm)
     return corpora_run_config(
         args.sources.split(","),
         args.work,
-        model=args.model,
-        local_steps=args.local_steps,
         num_server_rounds=args.rounds,
-        batch_size=args.batch_size,
-        seq_len=args.seq_len,
-        eval_bytes=args.eval_bytes,
-        output_dir=str(args.work / arm),
+        output_dir=out,
+        **same,
         **budget,
     )
 

@@ -45,8 +45,10 @@ class NodeSetup:
 
     def own_config(self, cfg: DeptConfig) -> DeptConfig:
         """The run config as this node trains with it: its own device and seconds win."""
-        own = {snake(key): value for key, value in self.seconds.items()}
-        return dataclasses.replace(cfg, **own, **({"device": self.device} if self.device else {}))
+        own: dict[str, Any] = {snake(key): value for key, value in self.seconds.items()}
+        if self.device:
+            own["device"] = self.device
+        return dataclasses.replace(cfg, **own)
 
 
 def served_sources(
