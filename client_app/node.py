@@ -4,7 +4,9 @@ Deployment: ``--node-config "source=<name> path=<data> ..."`` defines the node's
 completely (any sources-file key: ``vocab-size``, ``text-column``, ``nproc``: its training on
 that many processes or GPUs, ...), plus the node-only
 keys ``state-dir``, ``global-tokenizer`` and ``device`` (``cuda:1``: several SuperNodes on
-one machine, each on its own GPU; it wins over the run's ``device``).
+one machine, each on its own GPU; it wins over the run's ``device``), ``round-time-s`` (this
+node's time budget per round, which wins over the run's) and ``step-delay-s`` (a testing
+aid that slows this node). The last three apply in simulation too.
 
 Simulation: ``partition-id`` indexes the sources of the run config (its sources file, or
 the built-in default). With fewer simulated nodes than sources (``flwr run .`` starts two
@@ -14,17 +16,21 @@ source still takes part; with more nodes than sources the extra nodes serve none
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from client_app.warm import IDLE_KEY, WARM_KEY
-from dept.config import ConfigError, DeptConfig, check_device_name, resolve_path
+from dept.config import ConfigError, DeptConfig, check_device_name, resolve_path, snake
 from dept.sources import SourceSpec, check_source_paths, parse_source, run_sources
 from dept.state_root import default_state_root
 from dept.variants import variant
 
-NODE_ONLY_KEYS = ("state-dir", "global-tokenizer", "device", WARM_KEY, IDLE_KEY)
+# The run config keys a node may set for itself (they win over the run's).
+NODE_SECONDS_KEYS = ("round-time-s", "step-delay-s")
+NODE_ONLY_KEYS = ("state-dir", "global-tokenizer", "device", *NODE_SECONDS_KEYS, WARM_KEY, IDLE_KEY)
 SIMULATION_KEYS = ("partition-id", "num-partitions")
 
 
@@ -35,12 +41,24 @@ class NodeSetup:
     state_root: Path
     global_tokenizer: Path | None
     device: str | None  # the node's own device=..., which wins over the run's
+    seconds: dict[str, float] = dataclasses.field(default_factory=dict)  # NODE_SECONDS_KEYS set
+
+    def own_config(self, cfg: DeptConfig) -> DeptConfig:
+        """The run config as this node trains with it: its own device and seconds win."""
+        own: dict[str, Any] = {snake(key): value for key, value in self.seconds.items()}
+        if self.device:
+            own["device"] = self.device
+        return dataclasses.replace(cfg, **own)
 
 
 def served_sources(
     cfg: DeptConfig, node_config: dict[str, Any]
 ) -> tuple[list[SourceSpec], list[SourceSpec]]:
-    """(the sources this node serves, every source the node knows of), data paths checked."""
+    """(the sources this node serves, every source the node knows of), data paths and the
+    node's own seconds checked: a bad one fails the node's first message, before training."""
+    for key in NODE_SECONDS_KEYS:
+        if key in node_config:
+            _seconds(node_config, key)
     if "source" in node_config:
         entry = {
             "name" if k == "source" else k: v
@@ -86,4 +104,17 @@ def node_setup(cfg: DeptConfig, node_config: dict[str, Any], source: str) -> Nod
         state_root=resolve_path(str(state)) if state else default_state_root(),
         global_tokenizer=resolve_path(str(tokenizer)) if tokenizer else None,
         device=check_device_name(str(device), "node config key 'device'") if device else None,
+        seconds={k: _seconds(node_config, k) for k in NODE_SECONDS_KEYS if k in node_config},
     )
+
+
+def _seconds(node_config: dict[str, Any], key: str) -> float:
+    """The node's ``key``, a number of seconds >= 0, or a :class:`ConfigError` naming it."""
+    value = node_config[key]
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError):
+        seconds = math.nan
+    if isinstance(value, bool) or not math.isfinite(seconds) or seconds < 0:
+        raise ConfigError(f"node config key {key!r} is {value!r}: must be a number of seconds >= 0")
+    return seconds

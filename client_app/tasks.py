@@ -93,8 +93,7 @@ def _set_up(run_id: str, source: str, run_config: str, node_config: str) -> Sour
     what keeps them warm."""
     cfg = load_config(json.loads(run_config))
     setup = node_setup(cfg, json.loads(node_config), source)
-    if setup.device:
-        cfg = dataclasses.replace(cfg, device=setup.device)
+    cfg = setup.own_config(cfg)
     workspace = Workspace(setup.state_root, run_id, setup.spec.name)
     return SourceClient(cfg, setup.spec, workspace, setup.all_sources, setup.global_tokenizer)
 

@@ -84,6 +84,23 @@ class DeptConfig:
     tie_embeddings: bool = doc(True, "tie input and output embeddings (untied, φ holds both)")
     num_server_rounds: int = doc(3, "federated rounds; >= 1")
     local_steps: int = doc(25, "inner optimizer steps per source and round (N_local); >= 1")
+    round_time_s: float = doc(
+        0.0,
+        "time budget: each source trains as many inner steps as fit in this many seconds of "
+        "training per round, at least 1 and at most max-local-steps, instead of local-steps "
+        "(0: off); a node's own round-time-s node-config key wins; >= 0",
+    )
+    max_local_steps: int = doc(
+        0,
+        "the most inner steps a time-budgeted round takes (0: local-steps, so a budget only "
+        "shortens a slow node's round); the server's bounds on an update's size and tokens "
+        "cover this many steps; 0 or >= local-steps",
+    )
+    step_delay_s: float = doc(
+        0.0,
+        "testing aid: a source sleeps this long after each inner step, as a slower node "
+        "would take (a node's own step-delay-s node-config key slows that node only); >= 0",
+    )
     seq_len: int = doc(128, "tokens per training sequence (a preset's context length); >= 1")
     batch_size: int = doc(8, "sequences per micro-batch; >= 1")
     grad_accum_steps: int = doc(
@@ -312,6 +329,14 @@ class DeptConfig:
         _check("outer_momentum", 0 <= self.outer_momentum < 1, "must be in [0, 1)")
         _check("min_lr_ratio", 0 <= self.min_lr_ratio <= 1, "must be in [0, 1]")
         _check("weight_decay", self.weight_decay >= 0, "must be >= 0")
+        _check("round_time_s", self.round_time_s >= 0, "must be >= 0 seconds (0: off)")
+        _check("step_delay_s", self.step_delay_s >= 0, "must be >= 0 seconds")
+        _check(
+            "max_local_steps",
+            self.max_local_steps == 0 or self.max_local_steps >= self.local_steps,
+            f"({self.max_local_steps}) must be 0 (local-steps) or >= local-steps "
+            f"({self.local_steps}): a round without a budget trains local-steps",
+        )
         _check("grad_clip", self.grad_clip >= 0, "must be >= 0 (0 disables clipping)")
         _check("trim_fraction", 0 < self.trim_fraction < 0.5, "must be in (0, 0.5)")
         _check(
@@ -352,6 +377,12 @@ class DeptConfig:
     def total_steps(self) -> int:
         """Length of the one global learning-rate schedule (all rounds)."""
         return self.num_server_rounds * self.local_steps
+
+    @property
+    def step_cap(self) -> int:
+        """The most inner steps any source trains in a round: ``max-local-steps``, or
+        ``local-steps`` where it is 0 (a time budget then only shortens rounds)."""
+        return self.max_local_steps or self.local_steps
 
     @property
     def forget_period(self) -> int:

@@ -61,6 +61,11 @@ class OneProcess:
         """The round's statistics over all processes."""
         return stats
 
+    def agree(self, flag: bool) -> bool:
+        """Rank 0's ``flag`` on every process: a decision all must take alike (another step
+        of a time-budgeted round), though each measured its own time."""
+        return flag
+
     def unshard(self, model: PreTrainedModel) -> None:
         """Make ``model``'s parameters whole again after training (FSDP)."""
 
@@ -135,6 +140,11 @@ class Ranks(OneProcess):
             final_loss=final_loss / self.world,
             seconds=float(seconds.item()),
         )
+
+    def agree(self, flag: bool) -> bool:
+        decision = torch.tensor([int(flag)], dtype=torch.int32, device=self.device)
+        dist.broadcast(decision, src=0)
+        return bool(decision.item())
 
     def unshard(self, model: PreTrainedModel) -> None:
         """FSDP: gather every block's weights (all ranks take part); its modules then hold

@@ -1,7 +1,8 @@
 """One data source as a DEPT participant: it trains the shared body with its embeddings.
 
 This is the whole client side of a round, free of Flower: take θ from the server, attach the
-embeddings, train N local steps on the source's stream from where the last round stopped,
+embeddings, train N local steps (or, with a time budget, as many as fit:
+:class:`dept.train.StepBudget`) on the source's stream from where the last round stopped,
 store what stays on the node, and return the pseudo-gradient of what is shared, encoded
 for the trip up (``compression``; with error feedback, what the last message lost is added).
 
@@ -40,7 +41,7 @@ from dept.ranks import OneProcess
 from dept.sharing import own_parameters, shared_parameters, shared_state
 from dept.sources import SourceSpec
 from dept.synthetic import oracle_bpb
-from dept.train import TrainStats, make_inner_optimizer, max_round_update, train_local
+from dept.train import StepBudget, TrainStats, make_inner_optimizer, max_round_update, train_local
 from dept.variants import variant
 from dept.vocab import VocabMap, source_vocabulary, token_byte_lengths
 from dept.workspace import (
@@ -279,6 +280,8 @@ class SourceClient:
             self.cfg,
             start_step=global_step,
             desc=f"round {server_round} {self.spec.name}",
+            budget=StepBudget.of(self.cfg),  # round-time-s: as many steps as fit
+            agree=ranks.agree,
         )
         stats = ranks.reduce(stats)
         ranks.unshard(model)

@@ -3,6 +3,16 @@ LR schedule.
 
 The learning rate is a function of the *global* step the server sends (warmup, then cosine
 to ``min-lr-ratio`` over all rounds), so it does not restart every round.
+
+With a time budget (``round-time-s``, :class:`StepBudget`) a source trains as many steps as
+fit in it instead of ``local-steps``. The schedule stays the one global schedule of
+``num-server-rounds`` x ``local-steps`` steps, and the step counter works as in a fixed run:
+every round starts at the server's global step, (round - 1) x ``local-steps``, and a source's
+position advances by one per step it actually trains. A slow node thus skips the end of its
+round's stretch of the schedule and a fast one (``max-local-steps`` above ``local-steps``)
+runs into the next round's; no source falls behind across rounds, all end at the floor
+together, and the LR depends on the step index alone, never on timing, so every process of
+a source agrees on it.
 """
 
 from __future__ import annotations
@@ -40,6 +50,35 @@ class TrainStats:
         return self.tokens / self.seconds if self.seconds > 0 else 0.0
 
 
+@dataclass(frozen=True)
+class StepBudget:
+    """How many inner steps a round takes. Fixed (``seconds`` 0): exactly ``steps``. Timed:
+    after each step the round goes on while another step as long as the last one still ends
+    within ``seconds`` of training, for at least 1 and at most ``steps`` steps, so it ends
+    within its budget plus one step. ``delay_s`` (testing aid) is slept after every step, as
+    a slower node would take it."""
+
+    steps: int
+    seconds: float = 0.0
+    delay_s: float = 0.0
+
+    @classmethod
+    def of(cls, cfg: DeptConfig) -> StepBudget:
+        """A source's round: ``round-time-s`` capped at ``max-local-steps``, or ``local-steps``."""
+        if cfg.round_time_s > 0:
+            return cls(cfg.step_cap, cfg.round_time_s, cfg.step_delay_s)
+        return cls(cfg.local_steps, 0.0, cfg.step_delay_s)
+
+    def go_on(self, done: int, elapsed: float, last: float, agree: Callable[[bool], bool]) -> bool:
+        """Whether to train another step after ``done``, ``elapsed`` seconds in (the last
+        step took ``last``). A timed round's answer goes through ``agree``, which gives
+        every process of a source rank 0's: they each time their own steps, yet must stop
+        at the same one (each calls it once a step, so none waits on another in vain)."""
+        if self.seconds == 0:
+            return done < self.steps
+        return agree(done < self.steps and elapsed + last <= self.seconds)
+
+
 def lr_at(step: int, cfg: DeptConfig) -> float:
     """Linear warmup to ``lr`` then cosine decay to ``lr * min-lr-ratio`` at the last step."""
     if step < cfg.warmup:
@@ -72,8 +111,9 @@ def max_round_update(cfg: DeptConfig, start_step: int, max_abs_weight: float) ->
     inner optimizer's reach over the round's learning rates (:func:`step_bound`), plus its
     decoupled weight decay on weights no larger than ``max_abs_weight``. An honest
     pseudo-gradient never exceeds it, so the server can refuse one that does without any
-    reference to other replies (``inf``: SGD without clipping can move a weight any way)."""
-    lr_sum = sum(lr_at(start_step + step, cfg) for step in range(cfg.local_steps))
+    reference to other replies (``inf``: SGD without clipping can move a weight any way).
+    A round is ``step-cap`` steps long at most (a time budget's fast node trains that many)."""
+    lr_sum = sum(lr_at(start_step + step, cfg) for step in range(cfg.step_cap))
     reach = step_bound(cfg) * lr_sum
     return reach + cfg.weight_decay * lr_sum * (max_abs_weight + reach)
 
@@ -116,18 +156,25 @@ def train_local(
     start_step: int,
     desc: str,
     after_step: Callable[[int], None] | None = None,
+    budget: StepBudget | None = None,
+    agree: Callable[[bool], bool] = bool,
 ) -> TrainStats:
-    """Run ``cfg.local_steps`` optimizer steps of ``cfg.grad_accum_steps`` micro-batches each;
-    ``after_step`` is called with the global count of steps done after each (ACT's forgetting).
+    """Run the optimizer steps of ``budget`` (default: ``cfg.local_steps`` of them), of
+    ``cfg.grad_accum_steps`` micro-batches each, step ``i`` on the schedule's step
+    ``start_step + i``; ``after_step`` is called with the global count of steps done after
+    each (ACT's forgetting); ``agree``: see :meth:`StepBudget.go_on`.
 
     Progress counts micro-batches, and a log line goes out every quarter of the round or
     every ``PROGRESS_EVERY_S`` seconds, so even a step of many micro-batches shows it lives.
     """
+    budget = budget or StepBudget(cfg.local_steps)
     model.train()
-    log.info("%s: %d local steps from global step %d", desc, cfg.local_steps, start_step)
-    progress = Progress(cfg, desc, start_step)
+    log.info("%s: %d local steps from global step %d", desc, budget.steps, start_step)
+    progress = Progress(cfg, desc, start_step, budget.steps)
     losses: list[float] = []
-    for local_step in range(cfg.local_steps):
+    local_step, going = 0, True
+    while going:
+        step_started = time.perf_counter()
         for group in optimizer.param_groups:
             group["lr"] = lr_at(start_step + local_step, cfg)
         step_loss = _accumulate(model, batches, cfg, progress, local_step).item()  # one sync
@@ -141,6 +188,11 @@ def train_local(
         progress.step_done(local_step, step_loss, optimizer.param_groups[0]["lr"])
         if after_step is not None:
             after_step(start_step + local_step + 1)
+        if budget.delay_s:
+            time.sleep(budget.delay_s)
+        local_step += 1
+        now = time.perf_counter()
+        going = budget.go_on(local_step, now - progress.started, now - step_started, agree)
     progress.close()
     tokens, started = progress.tokens, progress.started
     seconds = time.perf_counter() - started
@@ -173,13 +225,18 @@ def _accumulate(
 class Progress:
     """A round's progress: a bar of micro-batches on a terminal, log lines everywhere."""
 
-    def __init__(self, cfg: DeptConfig, desc: str, start_step: int) -> None:
-        self.cfg, self.desc, self.start_step = cfg, desc, start_step
+    def __init__(
+        self, cfg: DeptConfig, desc: str, start_step: int, steps: int | None = None
+    ) -> None:
+        """``steps``: the round's steps (default ``local-steps``), or the most a
+        time-budgeted round can take."""
+        steps = steps or cfg.local_steps
+        self.cfg, self.desc, self.start_step, self.steps = cfg, desc, start_step, steps
         self.tokens = 0
         self.started = self.last_log = time.perf_counter()
-        self.log_every = max(1, cfg.local_steps // 4)
+        self.log_every = max(1, steps // 4)
         self.bar = tqdm(
-            total=cfg.local_steps * cfg.grad_accum_steps,
+            total=steps * cfg.grad_accum_steps,
             desc=desc,
             unit="batch",
             mininterval=2.0,
@@ -202,7 +259,7 @@ class Progress:
                 "%s: step %d/%d, micro-batch %d/%d, %.0f tokens/s",
                 self.desc,
                 local_step + 1,
-                self.cfg.local_steps,
+                self.steps,
                 micro + 1,
                 self.cfg.grad_accum_steps,
                 self.tokens_per_s(),
@@ -216,7 +273,7 @@ class Progress:
                 "%s: step %d/%d (global %d) loss %.4f lr %.2e %.0f tokens/s",
                 self.desc,
                 local_step + 1,
-                self.cfg.local_steps,
+                self.steps,
                 self.start_step + local_step + 1,
                 loss,
                 lr,

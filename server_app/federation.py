@@ -194,7 +194,7 @@ def _build_strategy(cfg: DeptConfig, run_id: str) -> DeptStrategy:
         min_available_nodes=cfg.min_available_nodes,
         wait_for_nodes_s=cfg.wait_for_nodes_s,
         query_timeout_s=cfg.wait_for_nodes_s,
-        max_tokens_per_round=cfg.local_steps * cfg.grad_accum_steps * cfg.batch_size * cfg.seq_len,
+        max_tokens_per_round=cfg.step_cap * cfg.grad_accum_steps * cfg.batch_size * cfg.seq_len,
         num_rounds=cfg.num_server_rounds,
         seed=cfg.seed,
     )

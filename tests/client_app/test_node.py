@@ -72,3 +72,25 @@ def test_spec_deployment_needs_the_shared_global_tokenizer(tmp_path: Path) -> No
     cfg = load_config(debug_run_config(tmp_path, variant="spec"))
     with pytest.raises(ConfigError, match="global-tokenizer"):
         served_sources(cfg, {"source": "de", "path": str(_folder(tmp_path))})
+
+
+def test_a_nodes_own_budget_and_delay_win_over_the_runs(tmp_path: Path) -> None:
+    cfg = load_config(debug_run_config(tmp_path, **{"round-time-s": 30.0}))
+    node = {"partition-id": 0, "num-partitions": 1, "round-time-s": 5, "step-delay-s": "0.25"}
+
+    own = node_setup(cfg, node, "python-stdlib").own_config(cfg)
+    plain = node_setup(cfg, {"partition-id": 0}, "python-stdlib").own_config(cfg)
+
+    assert (own.round_time_s, own.step_delay_s) == (5.0, 0.25)
+    assert plain == cfg
+
+
+@pytest.mark.parametrize(("key", "value"), [("round-time-s", -1), ("step-delay-s", "slow")])
+def test_bad_node_seconds_name_their_key_before_any_training(
+    tmp_path: Path, key: str, value: object
+) -> None:
+    cfg = load_config(debug_run_config(tmp_path))
+    node = {"source": "de", "path": str(_folder(tmp_path)), key: value}
+
+    with pytest.raises(ConfigError, match=f"node config key '{key}' is {value!r}"):
+        served_sources(cfg, node)  # the discovery query's check, before the first round

@@ -224,3 +224,20 @@ def test_a_node_config_gives_its_source_processes(tmp_path: Path) -> None:
     served, _ = served_sources(cfg, node)
 
     assert served[0].nproc == 2
+
+
+@pytest.mark.slow
+def test_two_processes_agree_on_the_steps_of_a_time_budgeted_round(
+    tmp_path: Path, no_process_left: None
+) -> None:
+    """Each rank times its own steps; rank 0's decision after each step holds for both, so
+    neither waits in a collective the other never joins, and they walk one stream."""
+    budget = {"round-time-s": 1.5, "step-delay-s": 0.3, "max-local-steps": 16}
+    two = _client(tmp_path, 2, "timed", **budget)  # type: ignore[arg-type]
+
+    result = two.train_round(BODY, 0, 1)
+
+    steps = result.stats.steps
+    assert 1 <= steps <= 1.5 / 0.3 and result.stats.tokens == steps * 4 * 64
+    state = two.ws.load_state(before_round=2).state
+    assert state is not None and (state.position.epoch, state.position.offset) == (0, steps * 4)
