@@ -321,17 +321,8 @@ def main(argv: list[str] | None = None) -> int:
     unknown = sorted(set(kinds) - set(inject.KINDS))
     if unknown:
         raise SystemExit(f"unknown fault kinds {unknown}; known: {', '.join(inject.KINDS)}")
-    opts = Options(
-        work=args.work,
-        rounds=args.rounds,
-        faults=args.faults,
-        seed=args.seed,
-        local_steps=args.local_steps,
-        gap_s=args.gap_s,
-        partition_s=args.partition_s,
-        kinds=kinds,
-        timeout_s=args.timeout_s,
-    )
+    named = ("work", "rounds", "faults", "seed", "local_steps", "gap_s", "partition_s", "timeout_s")
+    opts = Options(kinds=kinds, **{k: getattr(args, k) for k in named})
     result = run_soak(opts)
     write(result, args.out)
     print(render(result))
