@@ -9,6 +9,7 @@ still decides. Secrets are another matter: :mod:`dept.certificates` writes them 
 
 from __future__ import annotations
 
+import hashlib
 import os
 import stat
 import threading
@@ -37,3 +38,9 @@ def new_file_mode(folder: Path) -> int:
     finally:
         os.close(descriptor)
         probe.unlink()
+
+
+def file_sha256(path: Path) -> str:
+    """The SHA-256 of ``path``'s bytes, read a MiB at a time (a file may be GBs)."""
+    with path.open("rb") as handle:
+        return hashlib.file_digest(handle, "sha256").hexdigest()

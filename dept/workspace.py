@@ -12,16 +12,18 @@ Layout under the node's state root (``state-dir``)::
         optimizer.pt                                inner AdamW state (weights_only load)
         residual.safetensors                        what its compressed update lost (error
                                                     feedback), added to its next update
-        progress.json                               where the training stream stands, and
-                                                    the tokenizer the embeddings belong to
+        progress.json                               where the training stream stands, the
+                                                    tokenizer the embeddings belong to, and
+                                                    the SHA-256 of each file beside it
 
 State is kept per round (the last ``KEEP_ROUNDS``): training round t starts from the newest
 state before t. A server that crashed after its clients trained round t but before its own
 checkpoint of t resumes from t-1 and re-runs round t; the clients then start again from the
 same state, so the resumed run is the uninterrupted one. Every file and folder is written
 under a temporary name and renamed, so a crash never leaves half a state; a state damaged
-anyway (a truncated file, a disk error, an edit) is passed over for the newest good one
-before it, and the reason is kept so the source can report it.
+anyway (a truncated file, a disk error, an edit: any file that no longer matches its
+SHA-256) is passed over for the newest good one before it, and the reason is kept so the
+source can report it.
 """
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file
 
 from dept.data import SourceText, StreamPosition, load_source_text, text_sample
-from dept.files import save_tensors
+from dept.files import file_sha256, save_tensors
 from dept.fingerprint import digest
 from dept.model import INIT_STD
 from dept.sources import GLOBAL_SAMPLE_BYTES, SourceSpec
@@ -130,6 +132,9 @@ class Workspace:
         for name in required:
             if not (folder / name).is_file():
                 raise FileNotFoundError(f"{folder / name} is missing")
+        for name, recorded in progress.get("sha256", {}).items():  # none in older states
+            if file_sha256(folder / name) != recorded:
+                raise ValueError(f"{folder / name} does not match its SHA-256: damaged")
         return SourceState(
             server_round=server_round,
             embeddings=load_file(str(embeddings)) if embeddings.is_file() else {},
@@ -160,6 +165,9 @@ class Workspace:
             "tokenizer": state.tokenizer,
             "attempt": state.attempt,
             "device": state.device,
+            # a tensor file can be damaged in place and still read (safetensors checks
+            # its header, not its data): each is checked against this on load
+            "sha256": {p.name: file_sha256(p) for p in sorted(tmp.iterdir())},
         }
         (tmp / PROGRESS_FILE).write_text(json.dumps(progress))
         replace_dir(tmp, self._round_dir(server_round))

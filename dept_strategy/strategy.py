@@ -336,8 +336,10 @@ class DeptStrategy(Strategy):
                 )
                 return None
             self._diagnose(server_round, accepted)
+            # In source order, not arrival order: the float32 mean rounds by order, and a
+            # deployment's arrival order is not the same twice (a resumed run must match).
             delta, frozen_rows = combine(
-                [a.spooled for a in accepted],
+                [a.spooled for a in sorted(accepted, key=lambda a: a.target.source)],
                 self.shapes,
                 self.embedding_names,
                 running,

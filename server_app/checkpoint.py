@@ -16,7 +16,6 @@ before it is used. The last ``KEEP`` checkpoints are kept.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import shutil
@@ -29,7 +28,7 @@ import torch
 from safetensors.torch import load_file
 
 from dept.config import ConfigError, DeptConfig, to_run_config
-from dept.files import save_tensors
+from dept.files import file_sha256, save_tensors
 from dept.model import model_choice
 from dept.workspace import replace_dir
 from server_app.report import dumps
@@ -81,7 +80,7 @@ def save_checkpoint(
     tmp.mkdir()
     save_tensors(tensors, tmp / TENSORS_FILE)
     (tmp / STATE_FILE).write_text(dumps({**state, "round": server_round}))
-    sums = "".join(f"{_sha256(tmp / name)}  {name}\n" for name in (STATE_FILE, TENSORS_FILE))
+    sums = "".join(f"{file_sha256(tmp / name)}  {name}\n" for name in (STATE_FILE, TENSORS_FILE))
     (tmp / DIGESTS_FILE).write_text(sums)
     replace_dir(tmp, final)  # a rerun of this round after a resume: the new one wins
     for old in _round_dirs(root)[:-KEEP]:
@@ -187,17 +186,9 @@ def _verify(path: Path) -> None:
         digest, _, name = line.partition("  ")
         recorded[name] = digest
     for name in (STATE_FILE, TENSORS_FILE):
-        if recorded.get(name) != _sha256(path / name):
+        if recorded.get(name) != file_sha256(path / name):
             raise ValueError(f"{name} does not match its SHA-256 in {DIGESTS_FILE}")
 
 
 def _round_dirs(root: Path) -> list[Path]:
     return sorted(p for p in root.glob("round-[0-9][0-9][0-9][0-9]") if p.is_dir())
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()

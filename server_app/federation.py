@@ -73,6 +73,8 @@ def run_federation(grid: Grid, run_config: Mapping[str, Any]) -> RunResult:
             write_failed(out_dir, exc)
             exc.add_note(f"traceback in {out_dir / ERROR_LOG}")
             raise
+        finally:
+            shutil.rmtree(out_dir / SPOOL_DIR, ignore_errors=True)  # each round's is gone
         write_finished(out_dir)
     return RunResult(out_dir, summary)
 

@@ -49,6 +49,7 @@ from server_app.run_status import ERROR_LOG, STATUS_FILE
 from server_app.tracking import TENSORBOARD_DIR, Trackers
 
 log = logging.getLogger(__name__)
+FRESH_EVENT = "fresh "  # how a node's state event of a fresh start begins
 RUN_FILES = (
     "config.json",
     "metrics.jsonl",
@@ -276,7 +277,20 @@ def _source_summary(history: RunHistory, name: str) -> dict[str, Any]:
         "embedding_params": history.embedding_params.get(name, 0),
         "failures": len(failures),  # its replies that failed or were refused
         "last_failure": failures[-1] if failures else None,
+        "fresh_starts": fresh_starts(history, name),
     }
+
+
+def fresh_starts(history: RunHistory, name: str) -> list[dict[str, Any]]:
+    """The rounds in which source ``name`` started its state afresh after its first one
+    (its saved state lost or damaged, as its node reported: :meth:`SourceClient.state_event`
+    begins such an event with "fresh"), with the node's reason."""
+    return [
+        {"round": r, "event": e["event"]}
+        for r, record in sorted(history.rounds.items())
+        for e in record.state_events
+        if e.get("source") == name and str(e.get("event", "")).startswith(FRESH_EVENT)
+    ]
 
 
 def _parameters_where_they_live(history: RunHistory, cfg: DeptConfig) -> dict[str, Any]:

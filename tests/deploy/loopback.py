@@ -64,11 +64,21 @@ class Process:
         return self.log.read_text(errors="replace") if self.log.exists() else ""
 
     def kill(self) -> None:
-        """SIGKILL the process and everything it started (its session)."""
-        if self.popen.poll() is None:
+        """SIGKILL the process and everything it started (its session), also what it left
+        behind when it died first (the group outlives its leader)."""
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.popen.pid, signal.SIGKILL)
+        self.popen.wait(timeout=10)
+
+    def stop(self, grace_s: float) -> None:
+        """SIGTERM its session, then :meth:`kill` what is left after ``grace_s``: a clean
+        exit removes what a process owns (a warm worker its socket) before it goes."""
+        if grace_s:
             with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.popen.pid, signal.SIGKILL)
-            self.popen.wait(timeout=10)
+                os.killpg(self.popen.pid, signal.SIGTERM)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.popen.wait(timeout=grace_s)
+        self.kill()
 
 
 @dataclass
@@ -77,6 +87,7 @@ class Node:
     supernode: Process
     superexec: Process
     runtime_address: str  # the SuperNode's own Runtime API, where its executor takes tasks
+    node_config: str = ""
 
     def kill(self) -> None:
         self.supernode.kill()
@@ -181,11 +192,17 @@ class Loopback:
         return f"127.0.0.1:{port}"
 
     def start_supernode(
-        self, source: str, node_config: str, key: str | None = None, via: str | None = None
+        self,
+        source: str,
+        node_config: str,
+        key: str | None = None,
+        via: str | None = None,
+        port: int | None = None,
     ) -> tuple[Process, str]:
         """A SuperNode serving ``source``, connecting to ``via`` (default: the SuperLink
-        itself); returns it and the address of its own Runtime API."""
-        port = free_port()
+        itself), its Runtime API on ``port`` (default: a free one); returns it and the
+        address of that Runtime API."""
+        port = port or free_port()
         args = ["flower-supernode", "--superlink", via or self.address, "--isolation", "process"]
         args += ["--port", str(port), "--node-config", node_config, *self._security()]
         args += self._secret()
@@ -200,15 +217,31 @@ class Loopback:
     ) -> Node:
         """A SuperNode serving ``source`` and its executor (the ClientApp runs there)."""
         supernode, runtime = self.start_supernode(source, node_config, key, via)
-        superexec = self.start(
-            supernode.name.replace("supernode-", "superexec-", 1),
+        superexec = self._start_superexec(supernode.name, runtime)
+        return Node(source, supernode, superexec, runtime, node_config)
+
+    def _start_superexec(self, supernode: str, runtime: str) -> Process:
+        name = supernode.replace("supernode-", "superexec-", 1)
+        if any(p.name == name for p in self.processes):  # a restart keeps the old log
+            name += f".{sum(p.name.startswith(name) for p in self.processes)}"
+        return self.start(
+            name,
             "flower-superexec",
             "--runtime-api-address",
             runtime,
             "--insecure",  # the node's own Runtime API listens on loopback only
             *self._secret(),
         )
-        return Node(source, supernode, superexec, runtime)
+
+    def restart_supernode(self, node: Node) -> None:
+        """A fresh SuperNode (a new node id) in place of ``node``'s, on the same Runtime API
+        port, so the executor still running finds it again."""
+        port = int(node.runtime_address.rsplit(":", 1)[1])
+        node.supernode, _ = self.start_supernode(node.source, node.node_config, port=port)
+
+    def restart_superexec(self, node: Node) -> None:
+        """A fresh executor for ``node``'s SuperNode."""
+        node.superexec = self._start_superexec(node.supernode.name, node.runtime_address)
 
     def flwr(
         self, *args: str, home: Path | None = None, timeout: float = 60
@@ -224,14 +257,17 @@ class Loopback:
             timeout=timeout,
         )
 
-    def run(self, run_config: str) -> Process:
-        """``flwr run`` of this project against the loopback SuperLink, logs streamed."""
+    def run(self, run_config: str, name: str = "flwr-run") -> Process:
+        """``flwr run`` of this project against the loopback SuperLink, logs streamed (into
+        ``logs/<name>.log``: a resubmitted run needs another name to keep the first log)."""
         command = ["flwr", "run", str(PROJECT), "loopback", "--stream"]
-        return self.start("flwr-run", *command, "--run-config", run_config)
+        return self.start(name, *command, "--run-config", run_config)
 
-    def close(self) -> None:
+    def close(self, grace_s: float = 0.0) -> None:
+        """Stop every process started here, newest first; with ``grace_s`` each gets a
+        SIGTERM and that long to exit cleanly before the SIGKILL."""
         for process in reversed(self.processes):
-            process.kill()
+            process.stop(grace_s)
 
     def logs_tail(self, chars: int = 4000) -> str:
         """The end of every log, for an assertion message."""

@@ -16,7 +16,7 @@ from flwr.app import Message, MessageType
 
 from client_app.app import app as client_app
 from dept import keys
-from server_app.federation import run_federation
+from server_app.federation import SPOOL_DIR, run_federation
 from server_app.local_grid import LocalGrid
 from tests.helpers import debug_run_config, share_cache
 
@@ -134,3 +134,6 @@ def test_a_source_whose_state_is_lost_says_so_in_the_summary(
     assert event["round"] == 2 and event["source"] == "latin"
     assert event["event"] == "fresh embeddings in round 2: state lost (no saved state)"
     assert summary["sources"]["latin"]["tokens_trained"] > 0, "it trained on, from scratch"
+    assert summary["sources"]["latin"]["fresh_starts"] == [{"round": 2, "event": event["event"]}]
+    assert summary["sources"]["cyrillic"]["fresh_starts"] == []
+    assert not (out / SPOOL_DIR).exists(), "a finished run leaves no spool folder"

@@ -1,0 +1,333 @@
+"""Fault soak: a loopback deployment trained through a stream of injected failures.
+
+One SuperLink and four SuperNodes (each with its executor and warm worker), the ``debug``
+model, short rounds. At seeded random times the soak kills a SuperNode, an executor, a warm
+worker or the ServerApp (then resumes the run), pauses a SuperNode past Flower's heartbeat
+window (a partition), or corrupts a source's newest round state or the server's newest
+checkpoint (then kills and resumes the server, which must pass over it). At the end it
+checks that every round finished, that no source restarted its embeddings unless a fault
+caused it (``summary.json`` lists each source's fresh starts), that the result equals a
+fault-free run's where only server faults were injected (within a stated tolerance
+otherwise), and that nothing is left behind: no process, held lock, socket or temporary
+folder. ::
+
+    python -m benchmarks.fault_soak --rounds 60 --faults 100        # the long soak
+    python -m benchmarks.fault_soak --rounds 8 --faults 10          # the short one
+
+Results: ``fault_soak.json`` and ``faults.csv`` in ``--out``, and a table on stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import random
+import re
+import shutil
+import signal
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from benchmarks import soak_checks as checks
+from benchmarks import soak_faults as inject
+from benchmarks.soak_reference import run_reference
+from benchmarks.soak_report import by_kind, render, write
+from benchmarks.soak_watch import Fault, Rounds
+from server_app.checkpoint import CHECKPOINTS, TENSORS_FILE
+from tests.deploy.loopback import Loopback, Node
+from tests.deploy.test_deployment import SERVER_DONE, node_config, run_config
+
+log = logging.getLogger(__name__)
+SOURCES = ("latin", "cyrillic", "greek", "georgian")
+PARTITION_S = 70.0  # Flower 1.42 drops a node after 2 missed heartbeats of 30 s
+POLL_S = 0.5
+GRACE_S = 20.0  # a SIGTERMed process's time to exit cleanly at the end
+RESUMED = re.compile(r"resuming run \S+ after round (\d+)")
+RESULTS = Path(__file__).resolve().parent / "results" / "fault-soak"
+
+
+@dataclass(frozen=True)
+class Options:
+    work: Path  # the deployment's folders (state, logs, output); removed by the caller
+    rounds: int = 8
+    faults: int = 10
+    seed: int = 0
+    local_steps: int = 4
+    gap_s: float = 6.0  # mean time between injections
+    partition_s: float = PARTITION_S
+    kinds: tuple[str, ...] = inject.KINDS
+    timeout_s: float = 1800.0
+
+
+@dataclass
+class Soak:
+    """One deployment and the faults injected into it."""
+
+    deployment: Loopback
+    opts: Options
+    nodes: dict[str, Node] = field(default_factory=dict)
+    injected: list[Fault] = field(default_factory=list)
+    paused: dict[str, float] = field(default_factory=dict)  # source: when to SIGCONT it
+
+    def __post_init__(self) -> None:
+        self.rng = random.Random(self.opts.seed)
+        self.state, self.out = self.opts.work / "state", self.opts.work / "run"
+        self.rounds = Rounds(self.out / "metrics.jsonl")
+        self.queue: list[str] = []
+        self.started = time.monotonic()
+
+    def run_config(self, resume: bool = False) -> str:
+        overrides: dict[str, object] = {
+            "num-server-rounds": self.opts.rounds,
+            "local-steps": self.opts.local_steps,
+            "fraction-evaluate": 0.0,  # every source is scored before and after the run
+            "min-available-nodes": len(SOURCES),
+            # also how long discovery waits on a query: a node killed with one pending holds
+            # a resumed server this long (a found limit, see the module's note)
+            "wait-for-nodes-s": 120.0,
+            # a lost reply is answered by the SuperLink (a dead node) or the upload's
+            # expiry (a node killed mid-upload, 180 s); this is only the backstop
+            "round-timeout-s": 400.0,
+        }
+        return run_config(self.out, **overrides, **({"resume": True} if resume else {}))
+
+    def start(self) -> None:
+        self.deployment.start_superlink()
+        for source in SOURCES:
+            self.nodes[source] = self.deployment.add_node(source, node_config(source, self.state))
+        self.server_run = self.deployment.run(self.run_config())
+
+    def soak(self) -> None:
+        """Inject until enough faults, and until the run has finished every round."""
+        deadline = self.started + self.opts.timeout_s
+        next_at = self.started + self._gap()
+        while not self._finished():
+            now = time.monotonic()
+            if now > deadline:
+                raise TimeoutError(f"the soak ran past {self.opts.timeout_s:.0f} s")
+            self.rounds.poll()
+            self._continue_partitions(now)
+            self._note_resume()
+            for fault in self.injected:
+                self.rounds.settle(fault)
+            if len(self.injected) < self.opts.faults and now >= next_at and self._inject():
+                next_at = now + self._gap()
+            time.sleep(POLL_S)
+        self.resume_partitions()
+        self.rounds.poll()
+        for fault in self.injected:
+            self.rounds.settle(fault)
+
+    def _gap(self) -> float:
+        return self.rng.uniform(0.5, 1.5) * self.opts.gap_s
+
+    def _finished(self) -> bool:
+        """Whether the run has finished; raises if its ``flwr run`` ended any other way (a
+        run this soak killed is resubmitted before this is asked again)."""
+        if self.server_run.popen.poll() is None:
+            return False
+        if re.search(SERVER_DONE, self.server_run.text()) is None:
+            raise RuntimeError(f"the run ended unfinished:\n{self.server_run.text()[-3000:]}")
+        return True
+
+    def _pending(self, target: str) -> bool:
+        return any(f.target == target and f.recovered_at is None for f in self.injected)
+
+    def _inject(self) -> bool:
+        """One fault of the next kind that has a target now; whether one was injected."""
+        if not self.queue:
+            self.queue = self.rng.sample(self.opts.kinds, len(self.opts.kinds))
+        for kind in self.queue:
+            target = self._target(kind)
+            if target is None:
+                continue
+            self.queue.remove(kind)
+            fault = Fault(kind, target, time.monotonic(), self.rounds.done)
+            fault.detail = self._do(kind, target)
+            self.injected.append(fault)
+            log.info(
+                "fault %d: %s %s after round %d: %s",
+                len(self.injected),
+                kind,
+                target,
+                fault.done_before,
+                fault.detail,
+            )
+            return True
+        return False
+
+    def _target(self, kind: str) -> str | None:
+        """Who ``kind`` can hit now: a fault needs a round after it to show its recovery,
+        and a target whose last fault has not yet recovered is left alone."""
+        done, last = self.rounds.done, self.opts.rounds
+        if kind in inject.SERVER_KINDS:
+            usable = self._checkpoints() >= (2 if kind == inject.CHECKPOINT else 1)
+            ok = usable and done < last - 1 and not self._pending("server")
+            return "server" if ok else None
+        if done < 0 or done >= last - 2 or (kind == inject.PARTITION and self.paused):
+            return None
+        free = [s for s in SOURCES if not self._pending(s) and s not in self.paused]
+        if kind == inject.WORKER:
+            free = [s for s in free if self._workers(s)]
+        if kind == inject.CLIENT_STATE:
+            free = [s for s in free if self._round_state(s) is not None]
+        return self.rng.choice(free) if free else None
+
+    def _do(self, kind: str, target: str) -> str:
+        """Inject ``kind`` into ``target``; what was hit, for the record."""
+        if kind in inject.SERVER_KINDS:
+            detail = self._corrupt_checkpoint() if kind == inject.CHECKPOINT else ""
+            return detail + self._kill_server()
+        node = self.nodes[target]
+        if kind == inject.SUPERNODE:
+            node.supernode.kill()
+            self.deployment.restart_supernode(node)
+            return f"supernode {node.supernode.popen.pid} restarted"
+        if kind == inject.EXECUTOR:
+            group = node.superexec.popen.pid
+            apps = [p.pid for p in inject.find(group, "flwr-clientapp")]
+            inject.kill([group, *apps])
+            node.superexec.popen.wait(timeout=10)
+            self.deployment.restart_superexec(node)
+            return f"superexec {group} and {len(apps)} clientapp(s) killed"
+        if kind == inject.WORKER:
+            pids = self._workers(target)
+            inject.kill(pids)
+            return f"worker {pids} killed"
+        if kind == inject.PARTITION:
+            os.killpg(node.supernode.popen.pid, signal.SIGSTOP)
+            self.paused[target] = time.monotonic() + self.opts.partition_s
+            return f"supernode paused {self.opts.partition_s:.0f} s"
+        state = self._round_state(target)
+        assert state is not None, "chosen only with a round state"
+        inject.corrupt(state, self.rng.randrange(1 << 16))
+        return str(state.relative_to(self.state))
+
+    def _workers(self, source: str) -> list[int]:
+        group = self.nodes[source].superexec.popen.pid
+        return [p.pid for p in inject.find(group, "client_app.worker")]
+
+    def _round_state(self, source: str) -> Path | None:
+        newest = inject.newest_round_dir(self.state / source / "runs")
+        state = newest / "embeddings.safetensors" if newest else None
+        return state if state is not None and state.is_file() else None
+
+    def _checkpoints(self) -> int:
+        return len(list((self.out / CHECKPOINTS).glob("round-[0-9]*")))
+
+    def _corrupt_checkpoint(self) -> str:
+        newest = inject.newest_round_dir(self.out / CHECKPOINTS)
+        assert newest is not None, "chosen only with a checkpoint"
+        inject.corrupt(newest / TENSORS_FILE, self.rng.randrange(1 << 16))
+        return f"{newest.name} corrupted; "
+
+    def _server_group(self) -> int:
+        superexec = next(p for p in self.deployment.processes if p.name == "superexec-serverapp")
+        return superexec.popen.pid
+
+    def _kill_server(self) -> str:
+        """SIGKILL the ServerApp process, then submit the run again with ``resume``."""
+        apps = [p.pid for p in inject.find(self._server_group(), "flwr-serverapp")]
+        inject.kill(apps)
+        self.server_run.kill()  # the CLI streaming the dead run's log
+        attempt = sum(p.name.startswith("flwr-run") for p in self.deployment.processes)
+        self.server_run = self.deployment.run(self.run_config(resume=True), f"flwr-run-{attempt}")
+        return f"serverapp {apps} killed, resumed"
+
+    def _note_resume(self) -> None:
+        """Which checkpoint the resumed server took, once its log says."""
+        for fault in self.injected:
+            if fault.target == "server" and fault.resumed_after is None:
+                found = RESUMED.search(self.server_run.text())
+                if found:
+                    fault.resumed_after = int(found.group(1))
+
+    def _continue_partitions(self, now: float) -> None:
+        for source, until in list(self.paused.items()):
+            if now >= until:
+                os.killpg(self.nodes[source].supernode.popen.pid, signal.SIGCONT)
+                del self.paused[source]
+
+    def rows(self) -> list[dict[str, Any]]:
+        return [f.as_row(self.started) for f in self.injected]
+
+    def resume_partitions(self) -> None:
+        """SIGCONT every paused SuperNode (at the end, also of a failed soak)."""
+        self._continue_partitions(float("inf"))
+
+
+def run_soak(opts: Options) -> dict[str, Any]:
+    """The soak, its fault-free twin and the checks; the results (:func:`write`)."""
+    shutil.rmtree(opts.work, ignore_errors=True)
+    (opts.work / "tmp").mkdir(parents=True)
+    deployment = Loopback(opts.work)
+    deployment.env["TMPDIR"] = str(opts.work / "tmp")  # what the processes leave is ours
+    soak = Soak(deployment, opts)
+    try:
+        soak.start()
+        soak.soak()
+    finally:
+        soak.resume_partitions()
+        groups = [p.popen.pid for p in deployment.processes]
+        deployment.close(GRACE_S)
+    left = checks.leftovers(opts.work, groups)
+    wall_s = time.monotonic() - soak.started
+    reference = run_reference(soak.out, opts.work / "reference", SOURCES)
+    exact = {f.kind for f in soak.injected} <= inject.EXACT_KINDS
+    figures, off = checks.compare(soak.out, reference, exact)
+    summary = json.loads((soak.out / "summary.json").read_text())
+    rows = soak.rows()
+    return {
+        "options": {k: str(v) if isinstance(v, Path) else v for k, v in asdict(opts).items()},
+        "wall_s": round(wall_s, 1),
+        "faults": rows,
+        "by_kind": by_kind(rows),
+        "final": figures,
+        "fresh_starts": {s: m["fresh_starts"] for s, m in summary["sources"].items()},
+        "checks": {
+            "all_rounds": [] if summary["rounds"] == opts.rounds else [f"{summary['rounds']}"],
+            "unrecovered": [f"{r['kind']} {r['target']}" for r in rows if r["recovery_s"] is None],
+            "state_events": checks.unexplained_state_events(summary, soak.injected),
+            "result": off,
+            "leftovers": left,
+        },
+    }
+
+
+def arguments() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.fault_soak", description=__doc__)
+    parser.add_argument("--rounds", type=int, default=8)
+    parser.add_argument("--faults", type=int, default=10)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--local-steps", type=int, default=4)
+    parser.add_argument("--gap-s", type=float, default=6.0, help="mean time between faults")
+    parser.add_argument("--partition-s", type=float, default=PARTITION_S)
+    parser.add_argument("--kinds", default=",".join(inject.KINDS), help="comma-separated")
+    parser.add_argument("--timeout-s", type=float, default=1800.0)
+    parser.add_argument("--work", type=Path, required=True, help="scratch folder (emptied)")
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = arguments().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    kinds = tuple(k for k in args.kinds.split(",") if k)
+    unknown = sorted(set(kinds) - set(inject.KINDS))
+    if unknown:
+        raise SystemExit(f"unknown fault kinds {unknown}; known: {', '.join(inject.KINDS)}")
+    named = ("work", "rounds", "faults", "seed", "local_steps", "gap_s", "partition_s", "timeout_s")
+    opts = Options(kinds=kinds, **{k: getattr(args, k) for k in named})
+    result = run_soak(opts)
+    write(result, args.out)
+    print(render(result))
+    return 1 if any(result["checks"].values()) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

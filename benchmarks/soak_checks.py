@@ -1,0 +1,138 @@
+"""What must hold after a fault soak, each check a list of what broke it (empty: it holds).
+
+- every fresh start or older-state fallback of a source is one a fault caused;
+- the result equals the fault-free run's where only server faults were injected (exact
+  resume), and is within :data:`BPB_TOLERANCE` of it otherwise;
+- nothing is left: no process of the soak's process groups or naming its folder, no socket,
+  no held lock, no temporary folder, no run lock naming a holder.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import math
+import os
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file
+
+from benchmarks import soak_faults as faults
+from benchmarks.soak_watch import Fault
+from dept.lock import LOCK_FILE
+from server_app.checkpoint import CHECKPOINTS, TENSORS_FILE
+
+# Relative gap in average bits per byte allowed when node faults cost a source rounds (its
+# lost updates) or a corrupted state sent it back to an older one.
+BPB_TOLERANCE = 0.05
+TEMPORARY = (".tmp-", ".spool", ".mode-probe-")
+
+
+def unexplained_state_events(summary: dict[str, Any], injected: list[Fault]) -> list[str]:
+    """State events (fresh starts, older-state fallbacks) with no corruption of that
+    source's state injected before that round."""
+    corrupted: dict[str, list[int]] = {}
+    for fault in injected:
+        if fault.kind == faults.CLIENT_STATE:
+            corrupted.setdefault(fault.target, []).append(fault.done_before)
+    found = []
+    for problem in summary["problems"]:
+        if problem["kind"] != "state":
+            continue
+        source, at = problem.get("source", ""), int(problem["round"])
+        if not any(before < at for before in corrupted.get(source, [])):
+            found.append(f"round {at} {source}: {problem.get('event')}")
+    return found
+
+
+def compare(run: Path, reference: Path, exact: bool) -> tuple[dict[str, Any], list[str]]:
+    """The soak's final numbers against the fault-free run's, and what is off: with
+    ``exact`` any difference, else an average bpb more than :data:`BPB_TOLERANCE` away."""
+    ours, theirs = _summary(run), _summary(reference)
+    body, body_ref = _final_tensors(run), _final_tensors(reference)
+    per_source = {s: ours["sources"][s]["val_bpb"] for s in sorted(theirs["sources"])}
+    gap = ours["avg_val_bpb"] / theirs["avg_val_bpb"] - 1
+    shared = sorted(body.keys() & body_ref.keys())
+    diff = math.sqrt(sum(float((body[k] - body_ref[k]).double().pow(2).sum()) for k in shared))
+    norm = math.sqrt(sum(float(body_ref[k].double().pow(2).sum()) for k in shared))
+    figures = {
+        "avg_val_bpb": ours["avg_val_bpb"],
+        "reference_avg_val_bpb": theirs["avg_val_bpb"],
+        "relative_bpb_gap": gap,
+        "val_bpb": per_source,
+        "reference_val_bpb": {s: m["val_bpb"] for s, m in sorted(theirs["sources"].items())},
+        "body_relative_l2": diff / norm if norm else 0.0,
+        "exact_expected": exact,
+    }
+    broken = []
+    if body.keys() != body_ref.keys():
+        broken.append(f"final tensors differ in keys: {sorted(body.keys() ^ body_ref.keys())}")
+    if exact:
+        unequal = [k for k in shared if not torch.equal(body[k], body_ref[k])]
+        if unequal:
+            broken.append(f"final tensors differ from the fault-free run's: {unequal[:5]}")
+        if per_source != figures["reference_val_bpb"]:
+            broken.append(f"bits per byte differ: {per_source} vs {figures['reference_val_bpb']}")
+    elif not abs(gap) <= BPB_TOLERANCE:
+        broken.append(f"average bpb {gap:+.2%} from the fault-free run's (> {BPB_TOLERANCE:.0%})")
+    return figures, broken
+
+
+def _summary(out: Path) -> dict[str, Any]:
+    return json.loads((out / "summary.json").read_text())
+
+
+def _final_tensors(out: Path) -> dict[str, torch.Tensor]:
+    newest = faults.newest_round_dir(out / CHECKPOINTS)
+    assert newest is not None, f"{out} has no checkpoint"
+    return load_file(str(newest / TENSORS_FILE))
+
+
+def leftovers(root: Path, groups: Iterable[int]) -> list[str]:
+    """What the soak left behind under ``root`` or running: processes in its groups or
+    naming ``root``, sockets, held locks, temporary files, a run lock naming a holder."""
+    found = [f"process {p.pid} {' '.join(p.argv[:3])}" for g in groups for p in faults.in_group(g)]
+    found += [f"process {pid} names {root}" for pid in _naming(str(root))]
+    for path in root.rglob("*"):
+        if path.is_socket():
+            found.append(f"socket {path}")
+        elif path.name.startswith(TEMPORARY):
+            found.append(f"temporary {path}")
+        elif path.suffix == ".lock" and path.is_file() and _held(path):
+            found.append(f"held lock {path}")
+        if path.name == LOCK_FILE and path.read_text().strip() not in ("", "{}"):
+            found.append(f"run lock {path} names a holder: {path.read_text().strip()}")
+    tmp = root / "tmp"
+    if tmp.is_dir():
+        found += [f"temporary {p}" for p in tmp.iterdir()]
+    return sorted(set(found))
+
+
+def _naming(text: str) -> list[int]:
+    """Processes whose command line holds ``text``, but for this one and its ancestors
+    (the soak itself, whatever started it with ``--work``)."""
+    mine, pid = set(), os.getpid()
+    while pid > 1:
+        mine.add(pid)
+        pid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and int(entry.name) not in mine:
+            with contextlib.suppress(OSError):
+                if text.encode() in (entry / "cmdline").read_bytes():
+                    pids.append(int(entry.name))
+    return pids
+
+
+def _held(path: Path) -> bool:
+    with path.open("a") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        fcntl.flock(handle, fcntl.LOCK_UN)
+    return False

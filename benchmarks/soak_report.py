@@ -1,0 +1,53 @@
+"""The fault soak's results: per fault kind, a table, and the JSON and CSV files."""
+
+from __future__ import annotations
+
+import csv
+import json
+import statistics
+from pathlib import Path
+from typing import Any
+
+from benchmarks.soak_watch import COLUMNS
+
+
+def by_kind(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per fault kind: how many, recovery seconds (median, max), rounds lost."""
+    table = {}
+    for kind in sorted({r["kind"] for r in rows}):
+        mine = [r for r in rows if r["kind"] == kind]
+        times = [r["recovery_s"] for r in mine if r["recovery_s"] is not None]
+        table[kind] = {
+            "faults": len(mine),
+            "recovered": len(times),
+            "median_recovery_s": round(statistics.median(times), 1) if times else None,
+            "max_recovery_s": max(times, default=None),
+            "rounds_lost": sum(r["rounds_lost"] for r in mine),
+        }
+    return table
+
+
+def render(result: dict[str, Any]) -> str:
+    lines = ["| fault | n | recovered | median s | max s | rounds lost |", "|---" * 6 + "|"]
+    for kind, row in result["by_kind"].items():
+        cells = [kind, *(row[k] for k in ("faults", "recovered", "median_recovery_s"))]
+        cells += [row["max_recovery_s"], row["rounds_lost"]]
+        lines.append("| " + " | ".join("–" if c is None else str(c) for c in cells) + " |")
+    final = result["final"]
+    lines.append(
+        f"final avg bpb {final['avg_val_bpb']:.4f}, fault-free {final['reference_avg_val_bpb']:.4f}"
+        f" ({final['relative_bpb_gap']:+.3%}); body rel. L2 {final['body_relative_l2']:.2e}; "
+        f"{len(result['faults'])} faults in {result['wall_s']:.0f} s"
+    )
+    broken = {k: v for k, v in result["checks"].items() if v}
+    lines.append("checks: all hold" if not broken else f"checks FAILED: {json.dumps(broken)}")
+    return "\n".join(lines)
+
+
+def write(result: dict[str, Any], out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "fault_soak.json").write_text(json.dumps(result, indent=2) + "\n")
+    with (out / "inject.csv").open("w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=COLUMNS)
+        writer.writeheader()
+        writer.writerows(result["faults"])

@@ -1,0 +1,193 @@
+"""The fault soak: its parts on plain files and fake rounds (fast), and a short soak of at
+least ten faults through the real loopback deployment (``slow``)."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from safetensors.torch import load_file, save_file
+
+from benchmarks import fault_soak, soak_checks, soak_report
+from benchmarks import soak_faults as inject
+from benchmarks.soak_watch import Fault, Rounds
+from client_app.warm import file_lock
+
+NOW = 1000.0
+
+
+def _line(server_round: int, wall_s: float, trained: tuple[str, ...]) -> str:
+    sources = {s: {"tokens": 10} for s in trained} | {"idle": {"tokens": 0}}
+    return json.dumps({"round": server_round, "wall_s": wall_s, "sources": sources})
+
+
+def _rounds(tmp_path: Path, *lines: str) -> Rounds:
+    metrics = tmp_path / "metrics.jsonl"
+    metrics.write_text("".join(f"{line}\n" for line in lines))
+    rounds = Rounds(metrics)
+    rounds.poll()
+    return rounds
+
+
+def test_a_node_fault_recovers_in_the_first_later_round_its_source_trains(tmp_path: Path) -> None:
+    # Prepare: round 2 was done at the fault; round 3 went on without the source
+    rounds = _rounds(tmp_path, _line(1, 1.0, ("a", "b")), _line(2, 2.0, ("a", "b")))
+    fault = Fault(inject.WORKER, "a", at=time.monotonic(), done_before=rounds.done)
+    metrics = rounds.metrics
+    metrics.write_text(metrics.read_text() + _line(3, 3.0, ("b",)) + "\n")
+
+    # Execute
+    rounds.poll()
+    pending = rounds.settle(fault)
+    metrics.write_text(metrics.read_text() + _line(4, 4.0, ("a", "b")) + "\n")
+    rounds.poll()
+
+    # Assert
+    assert not pending
+    assert rounds.settle(fault)
+    assert fault.rounds_lost == 1
+    assert fault.recovered_at is not None and fault.recovered_at >= fault.at
+
+
+def test_a_server_fault_recovers_with_the_resumed_servers_first_round(tmp_path: Path) -> None:
+    rounds = _rounds(tmp_path, _line(0, 0.5, ()), _line(1, 1.0, ("a",)), _line(2, 2.0, ("a",)))
+    fault = Fault(inject.SERVER, "server", at=time.monotonic(), done_before=2)
+    # The resumed server rewrites the lines of its checkpoint (seen already), then re-runs 2.
+    rounds.metrics.write_text(_line(0, 0.5, ()) + "\n" + _line(1, 1.0, ("a",)) + "\n")
+    rounds.poll()
+    assert not rounds.settle(fault), "no resume noted, nothing new"
+    fault.resumed_after = 1
+    assert not rounds.settle(fault), "rewritten lines are not a new round"
+
+    rounds.metrics.write_text(rounds.metrics.read_text() + _line(2, 2.7, ("a",)) + "\n")
+    rounds.poll()
+
+    assert rounds.settle(fault)
+    assert fault.rounds_lost == 1, "round 2 was done, then done again"
+
+
+def test_corrupt_changes_bytes_but_keeps_size_and_a_readable_header(tmp_path: Path) -> None:
+    import torch
+
+    path = tmp_path / "embeddings.safetensors"
+    save_file({"w": torch.zeros(64, 8)}, str(path))
+    before = path.read_bytes()
+
+    inject.corrupt(path, seed=3)
+
+    after = path.read_bytes()
+    assert len(after) == len(before)
+    assert sum(a != b for a, b in zip(before, after, strict=True)) == inject.CORRUPT_BYTES
+    assert load_file(str(path))["w"].abs().sum() > 0, "it loads, with wrong values"
+
+
+def test_newest_round_dir_ignores_other_names(tmp_path: Path) -> None:
+    for name in ("round-0002", "round-0010", ".tmp-round-0011", "round-0003.bak"):
+        (tmp_path / "runs" / "x" / name).mkdir(parents=True)
+    assert inject.newest_round_dir(tmp_path) == tmp_path / "runs" / "x" / "round-0010"
+    assert inject.newest_round_dir(tmp_path / "none") is None
+
+
+def test_find_sees_only_the_group_it_is_given(tmp_path: Path) -> None:
+    child = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True
+    )
+    try:
+        assert [p.pid for p in inject.in_group(child.pid)] == [child.pid]
+        assert inject.find(child.pid, Path(sys.executable).name)
+        assert not inject.find(child.pid, "flwr-clientapp")
+        assert not list(inject.in_group(os.getpgrp())) or child.pid not in {
+            p.pid for p in inject.in_group(os.getpgrp())
+        }
+    finally:
+        inject.kill([child.pid])
+        child.wait()
+    assert not list(inject.in_group(child.pid))
+
+
+def _state_problem(source: str, server_round: int) -> dict:
+    event = "embeddings from the state of round 1 in round 3, not round 2's (...)"
+    return {"kind": "state", "round": server_round, "source": source, "event": event}
+
+
+def test_state_events_need_a_corruption_of_that_source_before_them() -> None:
+    summary = {"problems": [_state_problem("a", 3), {"kind": "failed", "round": 2}]}
+    caused = Fault(inject.CLIENT_STATE, "a", at=NOW, done_before=2)
+    elsewhere = Fault(inject.CLIENT_STATE, "b", at=NOW, done_before=2)
+    later = Fault(inject.CLIENT_STATE, "a", at=NOW, done_before=3)
+
+    assert soak_checks.unexplained_state_events(summary, [caused]) == []
+    assert len(soak_checks.unexplained_state_events(summary, [elsewhere, later])) == 1
+    assert len(soak_checks.unexplained_state_events(summary, [])) == 1
+
+
+def test_leftovers_finds_sockets_temporaries_held_and_named_locks(tmp_path: Path) -> None:
+    (tmp_path / "state" / ".tmp-round-0003").mkdir(parents=True)
+    (tmp_path / "tmp").mkdir()
+    (tmp_path / "tmp" / "flwr-xyz").write_text("")
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / ".dept-run.lock").write_text('{"pid": 1}')
+    (tmp_path / "free.lock").write_text("")
+    with socket.socket(socket.AF_UNIX) as sock, file_lock(tmp_path / "worker.lock"):
+        sock.bind(str(tmp_path / "worker.sock"))
+        found = "\n".join(soak_checks.leftovers(tmp_path, []))
+    assert "socket" in found and "worker.sock" in found
+    assert "held lock" in found and "worker.lock" in found
+    assert ".tmp-round-0003" in found and "flwr-xyz" in found
+    assert "names a holder" in found
+    assert "free.lock" not in found
+
+
+def test_leftovers_finds_a_living_process_of_a_group(tmp_path: Path) -> None:
+    child = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(60)", str(tmp_path)],
+        start_new_session=True,
+    )
+    try:
+        found = soak_checks.leftovers(tmp_path, [child.pid])
+    finally:
+        inject.kill([child.pid])
+        child.wait()
+    assert any(str(child.pid) in f for f in found), found
+    assert soak_checks.leftovers(tmp_path, [child.pid]) == []
+
+
+def test_the_table_counts_recoveries_and_lost_rounds() -> None:
+    rows = [
+        {"kind": "worker-kill", "recovery_s": 4.0, "rounds_lost": 0},
+        {"kind": "worker-kill", "recovery_s": 10.0, "rounds_lost": 1},
+        {"kind": "partition", "recovery_s": None, "rounds_lost": 2},
+    ]
+    table = soak_report.by_kind(rows)
+    assert table["worker-kill"] == {
+        "faults": 2,
+        "recovered": 2,
+        "median_recovery_s": 7.0,
+        "max_recovery_s": 10.0,
+        "rounds_lost": 1,
+    }
+    assert table["partition"]["recovered"] == 0 and table["partition"]["max_recovery_s"] is None
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    not os.environ.get("DEPT_SOAK"),
+    reason="set DEPT_SOAK=1: not yet passing (a resumed server loses nodes' discovery replies, "
+    "benchmarks/results/fault-soak/README.md), so kept out of CI's budget until it does",
+)
+def test_a_short_soak_of_ten_faults_loses_nothing(tmp_path: Path) -> None:
+    opts = fault_soak.Options(work=tmp_path / "soak", rounds=8, faults=10, seed=1, timeout_s=900)
+    started = time.monotonic()
+
+    result = fault_soak.run_soak(opts)
+
+    print(soak_report.render(result), f"\n{time.monotonic() - started:.0f} s in all")
+    assert len(result["faults"]) >= 10
+    assert set(result["by_kind"]) == set(inject.KINDS), "every kind was injected"
+    assert not any(result["checks"].values()), result["checks"]
