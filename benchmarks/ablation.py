@@ -35,7 +35,9 @@ from pathlib import Path
 from typing import Any
 
 from dept.config import DeptConfig, load_config, resolve_path, to_run_config
+from dept.sources import run_sources
 from dept_cli import compare
+from dept_cli.compare_plan import Plan, base_config, make_plans, prepare, rounds_for
 from dept_cli.comparison_report import STD_METHODS, average_bpb
 from server_app.report import dumps
 
@@ -83,7 +85,7 @@ class Cell:
         config: dict[str, Any] = {}
         for factor, high in zip(FACTORS, self.high, strict=True):
             config.update(factor.settings[high])
-        config["num-server-rounds"] = compare.rounds_for(
+        config["num-server-rounds"] = rounds_for(
             tokens, sources, config["local-steps"], batch_size, seq_len
         )
         return config
@@ -128,9 +130,14 @@ def bracket_rates(tried: Iterable[float], best: float) -> list[float]:
 
 
 def _plans(
-    args: argparse.Namespace, base: DeptConfig, cell: Cell, lrs: list[float], out: Path
-) -> list[compare.Plan]:
-    sources = len(compare.run_sources(base))
+    args: argparse.Namespace,
+    base: DeptConfig,
+    sources: int,
+    cell: Cell,
+    lrs: list[float],
+    out: Path,
+) -> list[Plan]:
+    """The cell's runs, at its rounds for the budget over ``sources`` sources."""
     cell_config = load_config(
         {
             **to_run_config(base),
@@ -138,15 +145,19 @@ def _plans(
         }
     )
     plan_args = argparse.Namespace(methods=args.methods, lrs=lrs, jobs=args.jobs)
-    return compare.make_plans(plan_args, cell_config, out / cell.name)
+    return make_plans(plan_args, cell_config, out / cell.name)
 
 
 def _run(
-    args: argparse.Namespace, base: DeptConfig, cells: list[tuple[Cell, list[float]]], out: Path
+    args: argparse.Namespace,
+    base: DeptConfig,
+    sources: int,
+    cells: list[tuple[Cell, list[float]]],
+    out: Path,
 ) -> list[dict[str, Any]]:
     plans, plan_cells = [], []
     for cell, lrs in cells:
-        for plan in _plans(args, base, cell, lrs, out):
+        for plan in _plans(args, base, sources, cell, lrs, out):
             plans.append(plan)
             plan_cells.append(cell)
     results = compare.run_all(plans, args.jobs)
@@ -286,7 +297,7 @@ def _plot(path: Path, runs: list[dict[str, Any]], args: argparse.Namespace) -> N
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     out = resolve_path(args.out)
-    base = compare.base_config(
+    base = base_config(
         compare.parse_args(
             [
                 "--sources-file", args.sources_file, "--model", args.model,
@@ -296,14 +307,15 @@ def main(argv: list[str] | None = None) -> int:
         ),
         out,
     )  # fmt: skip
+    sources = len(run_sources(base))  # read once: every cell's rounds depend on it
     cells = design(args.design)
     print(
         f"{len(cells)} cells x {len(args.methods)} methods at lr {args.lr:g}, {args.jobs} jobs",
         flush=True,
     )
     started = time.perf_counter()
-    compare.prepare(base)
-    runs = _run(args, base, [(c, [args.lr]) for c in cells], out)
+    prepare(base)
+    runs = _run(args, base, sources, [(c, [args.lr]) for c in cells], out)
     for method in args.methods:  # bracket the best cell's rate
         while True:
             mine = [r for r in runs if r["method"] == method and math.isfinite(average_bpb(r))]
@@ -316,7 +328,7 @@ def main(argv: list[str] | None = None) -> int:
             if not wanted or len(at_cell) >= args.max_rates:
                 break
             single = argparse.Namespace(**{**vars(args), "methods": [method]})
-            runs += _run(single, base, [(Cell(tuple(best_cell)), wanted)], out)
+            runs += _run(single, base, sources, [(Cell(tuple(best_cell)), wanted)], out)
     write_report(
         out, runs, args, reference_std(resolve_path(args.reference)), time.perf_counter() - started
     )

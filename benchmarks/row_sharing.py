@@ -23,24 +23,29 @@ from typing import Any
 
 import numpy as np
 
-from dept.config import load_config, resolve_path, to_run_config
+from dept.config import load_config, resolve_path
 from dept.prepare import prepare_source
 from dept.sources import run_sources
 from dept.workspace import cache_dir
-from dept_cli import compare
 from server_app.report import dumps
 
 REFERENCE = "std-0"
 
 
-def token_ids(args: argparse.Namespace) -> dict[str, np.ndarray]:
-    """Each source's training token ids under the comparison's global tokenizer."""
-    out = resolve_path(args.out)
-    settings = ["--sources-file", args.sources_file, "--global-vocab-size", str(args.vocab_size)]
-    base = compare.base_config(compare.parse_args([*settings, "--out", str(out)]), out)
-    cfg = load_config({**to_run_config(base), "variant": "glob"})
+def token_ids(sources_file: Path, vocab_size: int, state_dir: Path) -> dict[str, np.ndarray]:
+    """Each source's training token ids under the global tokenizer of ``vocab_size`` that a
+    comparison trains (the same sources, seed 0), its cache kept in ``state_dir``. A source's
+    own vocab-size plays no part: GLOB's ids are the global tokenizer's."""
+    cfg = load_config(
+        {
+            "sources-file": str(sources_file),
+            "variant": "glob",
+            "global-vocab-size": vocab_size,
+            "state-dir": str(state_dir),
+        }
+    )
     specs = run_sources(cfg)
-    cache = cache_dir(resolve_path(cfg.state_dir))
+    cache = cache_dir(state_dir)
     return {s.name: np.asarray(prepare_source(cfg, s, cache, specs).tokens.train) for s in specs}
 
 
@@ -90,10 +95,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--results", default="benchmarks/results/compare-tiny-nine/comparison.json")
     parser.add_argument("--out", default="outputs/row-sharing")
     args = parser.parse_args(argv)
-    shares = private_shares(token_ids(args), args.vocab_size)
+    out = resolve_path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    ids = token_ids(resolve_path(args.sources_file), args.vocab_size, out / "state")
+    shares = private_shares(ids, args.vocab_size)
     results = json.loads(Path(args.results).read_text())["methods"]
     by_method = gaps(results)
-    out = resolve_path(args.out)
     (out / "row_sharing.json").write_text(
         dumps({"private_share": shares, "gap_vs_std_percent": by_method}, indent=2)
     )

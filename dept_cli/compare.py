@@ -25,6 +25,10 @@ Budget: --budget tokens gives every method the same training tokens; --budget by
 bytes of text (dept_cli.text_budget: SPEC-OPT, whose tokens hold more text, gets fewer rounds).
 Any other run config key is set with -c, as for dept run; a key compare sets itself is
 refused with the option that sets it.
+
+This module holds the command and how one plan runs; :mod:`dept_cli.compare_plan` what runs,
+:mod:`dept_cli.compare_resume` which finished runs are reused, :mod:`dept_cli.compare_pool`
+the worker processes.
 """
 
 from __future__ import annotations
@@ -35,41 +39,50 @@ import logging
 import math
 import os
 import sys
-import threading
 import time
 import traceback
-from concurrent.futures import Future, ProcessPoolExecutor, as_completed
-from dataclasses import dataclass
-from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
 
-from flwr.common.config import parse_config_args
-
 from dept.cli_help import HelpFormatter, add_run_config_option, plain
-from dept.config import (
-    ConfigError,
-    DeptConfig,
-    check_device_name,
-    load_config,
-    resolve_path,
-    to_run_config,
-)
+from dept.config import ConfigError, check_device_name, load_config, resolve_path
 from dept.outer_optimizers import OUTER_OPTIMIZERS
-from dept.sources import SourceSpec, check_source_paths, load_sources, run_sources, write_sources
-from dept.variants import VARIANTS
-from dept_cli.comparison_report import average_bpb, best_per_method, size_range, write_report
+from dept.sources import check_source_paths, run_sources
+from dept_cli import compare_pool
+from dept_cli.compare_plan import (
+    COMPARED_SOURCES,
+    Plan,
+    base_config,
+    make_plans,
+    prepare,
+    rounds_for,
+)
+from dept_cli.compare_resume import RESULT_FILE, finished_result, record_plan
+from dept_cli.comparison_report import best_per_method, size_range, write_report
 from dept_cli.in_process import federate_in_process
-from dept_cli.methods import BASELINES, FEDERATED, METHODS, vocab_sizes
+from dept_cli.methods import BASELINES, FEDERATED, METHODS
 from dept_cli.run_logs import run_logging
-from dept_cli.text_budget import BUDGETS, TextRates, stream_bytes_per_token
+from dept_cli.text_budget import BUDGETS
 from server_app.report import dumps
+
+# What benchmarks and tests use of a comparison, besides the command (main).
+__all__ = [
+    "COMPARED_SOURCES",
+    "Plan",
+    "base_config",
+    "build_parser",
+    "main",
+    "make_plans",
+    "parse_args",
+    "prepare",
+    "rounds_for",
+    "run_all",
+    "run_plan",
+]
 
 log = logging.getLogger(__name__)
 # On the nine corpora (tiny) 0.016 never won, and SPEC-OPT was best at 0.002.
 DEFAULT_LRS = "0.002,0.004,0.008"
-COMPARED_SOURCES = "compared-sources.yaml"  # in --out: the sources every run reads
-PLAN_FILE = "plan.json"  # in a run's folder: the run config it ran with
 EPILOG = """how --tokens becomes rounds:
   every method trains num-server-rounds x --local-steps steps; a step takes --batch-size
   sequences of --seq-len tokens from each source (a federated round trains every source, an
@@ -87,68 +100,6 @@ examples:
   dept compare --sources-file my-sources.yaml --methods std-0.3,spec-opt --lrs 0.004 --jobs 4
   dept compare --sources-file my-sources.yaml --budget bytes -c "keep-inner-optimizer=false"
 """
-# The run config keys compare sets itself, and the option (or fact) that sets each.
-OWN_KEYS = {
-    "sources-file": "--sources-file",
-    "model": "--model",
-    "num-server-rounds": "--tokens (and --budget)",
-    "local-steps": "--local-steps",
-    "batch-size": "--batch-size",
-    "seq-len": "--seq-len",
-    "warmup-steps": "--warmup-steps",
-    "global-vocab-size": "--global-vocab-size",
-    "eval-bytes": "--eval-bytes",
-    "outer-optimizer": "--outer-optimizer",
-    "outer-lr": "--outer-lr",
-    "outer-momentum": "--outer-momentum",
-    "fraction-train": "nothing: every source trains every round",
-    "seed": "--seed",
-    "device": "--device",
-    "state-dir": "--out",
-    "output-dir": "--out",
-    "wait-for-nodes-s": "nothing: compare's nodes are in process",
-    "lr": "--lrs",
-    "variant": "--methods",
-}
-
-
-@dataclass(frozen=True)
-class Plan:
-    """One run: a method at one learning rate."""
-
-    method: str
-    lr: float
-    run_config: dict[str, Any]
-    out_dir: str
-    threads: int
-    vocab_sizes: dict[str, int]  # the tokenizer size each source trains with
-    bytes_per_token: float = math.nan  # of text per training token (NaN: not measured)
-
-    @property
-    def global_vocab_size(self) -> int:
-        return int(self.run_config["global-vocab-size"])
-
-    @property
-    def vocabularies(self) -> dict[str, Any]:
-        """What its result reports of the vocabularies, crashed or not."""
-        return {"global_vocab_size": self.global_vocab_size, "source_vocab_sizes": self.vocab_sizes}
-
-    @property
-    def label(self) -> str:
-        return f"{self.method} lr {self.lr:g}"
-
-
-def _exit_with_parent() -> None:
-    """Worker initializer: stop when the comparison process is gone (killed, crashed), so no
-    orphaned run keeps the CPUs busy."""
-    parent = os.getppid()
-
-    def watch() -> None:
-        while os.getppid() == parent:
-            time.sleep(2.0)
-        os._exit(1)
-
-    threading.Thread(target=watch, daemon=True).start()
 
 
 def run_plan(plan: Plan) -> dict[str, Any]:
@@ -161,7 +112,7 @@ def run_plan(plan: Plan) -> dict[str, Any]:
     finished = finished_result(plan)
     if finished is not None:
         return finished
-    (out / PLAN_FILE).write_text(dumps(plan.run_config, indent=2))
+    record_plan(plan)
     started = time.perf_counter()
     with run_logging(plan.label, out / "run.log"):
         try:
@@ -174,23 +125,7 @@ def run_plan(plan: Plan) -> dict[str, Any]:
     result.update(rounds=plan.run_config["num-server-rounds"])
     if "tokens" in result and math.isfinite(plan.bytes_per_token):
         result["text_bytes"] = round(result["tokens"] * plan.bytes_per_token)
-    (out / "result.json").write_text(dumps(result, indent=2))
-    return result
-
-
-def finished_result(plan: Plan) -> dict[str, Any] | None:
-    """The result an earlier comparison left in the plan's folder, if it ran this very plan
-    (the same run config) to the end without an error: a comparison stopped part way (Ctrl-C,
-    a reboot) picks up where it was by running the same command again."""
-    out = Path(plan.out_dir)
-    try:
-        same_plan = json.loads((out / PLAN_FILE).read_text()) == json.loads(dumps(plan.run_config))
-        result = json.loads((out / "result.json").read_text())
-    except (OSError, ValueError):
-        return None
-    if not same_plan or "error" in result:
-        return None
-    log.info("%s: reusing the finished run in %s", plan.label, out)
+    (out / RESULT_FILE).write_text(dumps(result, indent=2))
     return result
 
 
@@ -245,148 +180,9 @@ def _run_baseline(plan: Plan) -> dict[str, Any]:
     }
 
 
-def make_plans(
-    args: argparse.Namespace,
-    base: DeptConfig,
-    out: Path,
-    rates: TextRates | None = None,
-    budget: str = "tokens",
-) -> list[Plan]:
-    """Every method at every rate (``args.methods``, ``args.lrs``), the CPU threads shared
-    equally between the ``args.jobs``; with ``rates``, each run knows its bytes of text per
-    token, and ``budget`` bytes sets its rounds from them (:class:`TextRates`)."""
-    threads = max(1, (os.cpu_count() or 1) // args.jobs)
-    specs = run_sources(base)
-    if budget == "bytes" and rates is None:
-        raise ValueError("--budget bytes needs the measured text rates (prepare)")
-    per_round = len(specs) * base.local_steps * base.batch_size * base.seq_len
-    plans = []
-    for method in args.methods:
-        rounds = base.num_server_rounds
-        if rates is not None and budget == "bytes":
-            rounds = rates.rounds(method, base.num_server_rounds, per_round)
-        for lr in args.lrs:
-            run_dir = out / "runs" / f"{method}-lr{lr:g}"
-            config = {**to_run_config(base), "lr": lr, "output-dir": str(run_dir)}
-            config["num-server-rounds"] = rounds
-            if method in VARIANTS:  # a baseline reads no variant
-                config["variant"] = method
-            sizes = vocab_sizes(method, specs, base.global_vocab_size)
-            rate = rates.bytes_per_token(method) if rates is not None else math.nan
-            plans.append(Plan(method, lr, config, str(run_dir), threads, sizes, rate))
-    return plans
-
-
-def rounds_for(tokens: float, sources: int, local_steps: int, batch_size: int, seq_len: int) -> int:
-    """The rounds that train closest to ``tokens`` (at least one): each trains every source
-    ``local_steps`` steps of ``batch_size`` sequences of ``seq_len`` tokens (see EPILOG)."""
-    return max(1, round(tokens / (sources * local_steps * batch_size * seq_len)))
-
-
-def comparison_sources(sources_file: Path, global_vocab_size: int) -> list[SourceSpec]:
-    """The sources of ``sources_file``, where an entry without a ``vocab-size`` gets the global
-    one: with SourceSpec's default (2048) against a global 4096, SPEC-OPT started ahead in bits
-    per byte at round 0, and the table showed the head start as a win."""
-    return load_sources(sources_file, defaults={"vocab-size": global_vocab_size})
-
-
-def base_config(args: argparse.Namespace, out: Path) -> DeptConfig:
-    """The shared settings, reading the sources as :func:`comparison_sources` gives them
-    (written to ``out/compared-sources.yaml``); rounds follow from the token budget."""
-    specs = comparison_sources(resolve_path(args.sources_file), args.global_vocab_size)
-    out.mkdir(parents=True, exist_ok=True)
-    sources_file = out / COMPARED_SOURCES
-    write_sources(sources_file, specs)
-    rounds = rounds_for(args.tokens, len(specs), args.local_steps, args.batch_size, args.seq_len)
-    overrides = parse_config_args(args.run_config)
-    own = sorted(k for k in overrides if k in OWN_KEYS)
-    if own:
-        raise ConfigError(
-            "-c " + ", ".join(f"{k} is compare's own: use {OWN_KEYS[k]}" for k in own)
-        )
-    return load_config(
-        {
-            "sources-file": str(sources_file),
-            "model": args.model,
-            "num-server-rounds": rounds,
-            "local-steps": args.local_steps,
-            "batch-size": args.batch_size,
-            "seq-len": args.seq_len,
-            "warmup-steps": args.warmup_steps,  # clamped to a short run's steps by the config
-            "global-vocab-size": args.global_vocab_size,
-            "eval-bytes": args.eval_bytes,
-            "outer-optimizer": args.outer_optimizer,
-            "outer-lr": args.outer_lr,
-            "outer-momentum": args.outer_momentum,
-            "fraction-train": 1.0,
-            "seed": args.seed,
-            "device": args.device,
-            "state-dir": str(out / "state"),
-            "wait-for-nodes-s": 60.0,
-        },
-        overrides=overrides,
-    )
-
-
-def prepare(base: DeptConfig) -> TextRates:
-    """Train every tokenizer and tokenize every source once, before the workers share them
-    (two workers building the same cache would race): one variant per tokenizer kind, the
-    sources' own or the run's global one (which the baselines use too). Returns what each
-    kind's training tokens hold of text."""
-    from dept.source_client import SourceClient
-    from dept.workspace import Workspace
-
-    specs = run_sources(base)
-    root = resolve_path(base.state_dir)
-    rates: dict[bool, dict[str, float]] = {}
-    sizes: dict[str, int] = {}
-    for own, variant in {v.own_tokenizer: v.name for v in VARIANTS.values()}.items():
-        cfg = load_config({**to_run_config(base), "variant": variant})
-        for spec in specs:
-            log.info("preparing %s for %s", spec.name, variant)
-            client = SourceClient(cfg, spec, Workspace(root, "prepare", spec.name), specs)
-            train = client.tokens.train
-            rates.setdefault(own, {})[spec.name] = stream_bytes_per_token(train, client.token_bytes)
-            if not own:
-                sizes[spec.name] = len(train)
-    return TextRates(rates[False], rates[True], sizes)
-
-
 def run_all(plans: list[Plan], jobs: int) -> list[dict[str, Any]]:
-    """Run every plan, ``jobs`` at a time, printing progress; results in plan order."""
-    results: dict[int, dict[str, Any]] = {}
-    started = time.perf_counter()
-
-    def done(i: int, result: dict[str, Any]) -> None:
-        results[i] = result
-        elapsed = time.perf_counter() - started
-        eta = elapsed / len(results) * (len(plans) - len(results))
-        outcome = result.get("error") or f"avg val bpb {average_bpb(result):.4f}"
-        print(
-            f"[{len(results)}/{len(plans)}] {plans[i].label}: {outcome} "
-            f"({result['wall_s']:.0f} s; {elapsed / 60:.1f} min elapsed, ETA {eta / 60:.1f} min)",
-            flush=True,
-        )
-
-    if jobs == 1:
-        for i, plan in enumerate(plans):
-            done(i, run_plan(plan))
-    else:
-        with ProcessPoolExecutor(
-            jobs, mp_context=get_context("spawn"), initializer=_exit_with_parent
-        ) as pool:
-            futures: dict[Future, int] = {pool.submit(run_plan, p): i for i, p in enumerate(plans)}
-            for future in as_completed(futures):
-                i = futures[future]
-                try:
-                    done(i, future.result())
-                except Exception as exc:  # the worker itself died
-                    done(i, {"error": f"{type(exc).__name__}: {exc}", "wall_s": 0.0})
-    # From the plan, so a worker that died and returned nothing still says what it ran.
-    return [
-        {"method": p.method, "lr": p.lr, **p.vocabularies, **results[i]}
-        for i, p in enumerate(plans)
-    ]
+    """Run every plan by :func:`run_plan`, ``jobs`` at a time; results in plan order."""
+    return compare_pool.run_all(plans, jobs, run_plan)
 
 
 def main(argv: list[str] | None = None) -> int:
