@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 
@@ -27,7 +29,7 @@ def test_partition_is_contiguous_layers_and_order_free() -> None:
         n for n in BODY if n.startswith(("model.layers.0.", "model.layers.1."))
     }
     assert parts["model.norm.weight"] == 1  # outside the layers: with the last
-    assert partition(["model.layers.10.w", "model.layers.2.w"] + BODY, 4)["model.layers.10.w"] == 3
+    assert partition(["model.layers.10.w", "model.layers.2.w", *BODY], 4)["model.layers.10.w"] == 3
     with pytest.raises(ValueError, match="'fragments' is 5; the body has 4 layers"):
         partition(BODY, 5)
 
@@ -40,7 +42,7 @@ def test_every_fragment_syncs_every_period_rounds_and_every_round_syncs(
     synced = {r: syncing(r, count, period) for r in rounds}
     for fragment in range(count):
         at = [r for r in rounds if fragment in synced[r]]
-        assert at[0] <= period and all(b - a == period for a, b in zip(at, at[1:], strict=False))
+        assert at[0] <= period and all(b - a == period for a, b in itertools.pairwise(at))
     assert all(synced[r] for r in rounds)  # no round without a sync
     sizes = [len(s) for s in synced.values()]
     assert max(sizes) - min(sizes) <= 1  # spread evenly
@@ -70,7 +72,7 @@ def test_start_body_keeps_local_progress_where_the_version_matches() -> None:
 
 def test_a_fragment_neither_sent_nor_held_is_an_error() -> None:
     held = HeldBody(local=_tensors(1.0), base=_tensors(0.5), versions=(3, 5))
-    with pytest.raises(ValueError, match="fragment 1 .* holds version 5, not version 7"):
+    with pytest.raises(ValueError, match=r"fragment 1 .* holds version 5, not version 7"):
         start_body({}, held, FragmentPlan(versions=(3, 7), sync=(0,)))
     # a node without a body of its own takes what came as the whole of it
     base, start = start_body(_tensors(2.0), None, FragmentPlan(versions=(3, 7), sync=(0,)))
