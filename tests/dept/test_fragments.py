@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import itertools
+from types import SimpleNamespace
 
 import pytest
 import torch
 
+from dept.compression import decode
+from dept.config import DeptConfig
 from dept.fragments import (
     FragmentPlan,
     HeldBody,
@@ -16,6 +19,7 @@ from dept.fragments import (
     synced_names,
     syncing,
 )
+from dept.source_client import SourceClient
 
 # a 4-layer body as HF names it, with a final norm outside the layers
 BODY = [f"model.layers.{i}.{p}" for i in range(4) for p in ("attn.w", "mlp.w")]
@@ -77,3 +81,27 @@ def test_a_fragment_neither_sent_nor_held_is_an_error() -> None:
     # a node without a body of its own takes what came as the whole of it
     base, start = start_body(_tensors(2.0), None, FragmentPlan(versions=(3, 7), sync=(0,)))
     assert base.keys() == start.keys() == set(BODY)
+
+
+def test_a_fragment_not_sent_keeps_its_error_feedback_residual() -> None:
+    # Prepare: int8 with error feedback; fragment 1 synced; fragment 0 holds a residual
+    cfg = DeptConfig(compression="int8", fragments=2, fragment_period=2)
+    client = SimpleNamespace(cfg=cfg)  # _payload reads the config only
+    delta = {n: torch.linspace(-1e-3, 1e-3, 300) for n in BODY}
+    parts = partition(BODY, 2)
+    residual = {n: torch.full((300,), 1e-5) for n in BODY if parts[n] == 0}
+    state = SimpleNamespace(residual=residual)
+    plan = FragmentPlan(versions=(0, 0), sync=(1,))
+    # Execute
+    payload, kept = SourceClient._payload(client, delta, state, _tensors(1.0), 5, plan)
+    # Assert: only fragment 1 travels; fragment 0's residual is as it was, fragment 1 has one
+    assert {n for n in payload if "@" not in n} == {n for n in BODY if parts[n] == 1}
+    assert kept.keys() == set(BODY)
+    for name in BODY:
+        if parts[name] == 0:
+            assert torch.equal(kept[name], residual[name])
+        else:
+            sent = decode(
+                {k: v for k, v in payload.items() if k.startswith(name)}, {name: (300,)}, "int8"
+            )
+            assert torch.allclose(sent[name] + kept[name], delta[name])
