@@ -3,12 +3,14 @@
     python -m benchmarks.compression
 
 runs one federation per setting — compression ``none``, ``fp16``, ``int8``, ``int8`` without
-error feedback, ``int4``, ``int2`` and ``topk`` at densities 0.1 and 0.01 — with everything else
-equal (sources, seed, model, schedule,
-variant), through the real ServerApp and ClientApp in process
+error feedback, ``int4``, ``int2`` and ``topk`` at densities 0.1 and 0.01, and any of them with
+partial synchronisation (``<setting>+frag-KxF``: ``fragments`` K, ``fragment-period`` F, e.g.
+``int8+frag-4x2``) — with everything else equal (sources, seed, model, schedule, variant),
+through the real ServerApp and ClientApp in process
 (:func:`dept_cli.in_process.federate_in_process`), one after another in this process. Bytes
-are what the replies' ArrayRecords hold (``summary.json`` ``comm``). Writes
-``compression.md`` (the tables), ``compression.json`` (the same numbers, per round) and
+are what the replies' and train messages' ArrayRecords hold (``summary.json`` ``comm``). Writes
+``compression.md`` (the tables), ``compression.json`` (the same numbers, per round),
+``compression.csv`` (one row per setting) and
 ``compression.png`` (average bits per byte per round) to ``--out``. ``--quick`` is a
 seconds-long smoke run on two built-in synthetic sources with the ``debug`` model.
 """
@@ -16,6 +18,7 @@ seconds-long smoke run on two built-in synthetic sources with the ``debug`` mode
 from __future__ import annotations
 
 import argparse
+import csv
 import json
 import logging
 import shutil
@@ -43,6 +46,18 @@ SETTINGS = {  # label: (compression, error feedback, topk density)
 }
 DEFAULT_SOURCES = "code-python,de-novels,ru-chekhov,zh-techdoc"
 QUICK_SOURCES = "synth-latin,synth-greek"
+FRAGMENTS = "+frag-"  # "<setting>+frag-KxF": that setting with K fragments synced every F rounds
+
+
+def split_label(label: str) -> tuple[str, int, int]:
+    """(codec setting, fragments, fragment period) of a ``--settings`` label."""
+    codec, _, fragments = label.partition(FRAGMENTS)
+    if not fragments:
+        return codec, 1, 1
+    count, _, period = fragments.partition("x")
+    if codec not in SETTINGS or not (count.isdigit() and period.isdigit()):
+        raise ValueError(f"setting {label!r}: expected <setting>{FRAGMENTS}KxF, e.g. int8+frag-4x2")
+    return codec, int(count), int(period)
 
 
 def pick_sources(args: argparse.Namespace) -> list[SourceSpec]:
@@ -93,7 +108,8 @@ def prepare(base: DeptConfig, specs: list[SourceSpec]) -> None:
 
 def run_setting(base: DeptConfig, label: str, work: Path) -> dict[str, Any]:
     """One federation with the setting ``label``; its bytes and bits per byte."""
-    compression, feedback, density = SETTINGS[label]
+    codec, fragments, period = split_label(label)
+    compression, feedback, density = SETTINGS[codec]
     out_dir = work / "runs" / label
     shutil.rmtree(out_dir, ignore_errors=True)  # a fresh run, not a resume of an old one
     config = {
@@ -101,6 +117,8 @@ def run_setting(base: DeptConfig, label: str, work: Path) -> dict[str, Any]:
         "compression": compression,
         "compression-error-feedback": feedback,
         "topk-density": density,
+        "fragments": fragments,
+        "fragment-period": period,
         "output-dir": str(out_dir),
     }
     started = time.perf_counter()
@@ -114,10 +132,13 @@ def run_setting(base: DeptConfig, label: str, work: Path) -> dict[str, Any]:
         "compression": compression,
         "error_feedback": feedback,
         "topk_density": density if compression == "topk" else None,
+        "fragments": fragments,
+        "fragment_period": period,
         "wall_s": wall_s,
         "bytes_up": comm["bytes_up"],
         "bytes_down": comm["bytes_down"],
         "bytes_up_per_round": [r["bytes_up"] for r in rounds if r["round"] > 0],
+        "bytes_down_per_round": [r["bytes_down"] for r in rounds if r["round"] > 0],
         "reduction_vs_ddp": comm["reduction_vs_ddp"],
         "avg_val_bpb": summary["avg_val_bpb"],
         "initial_avg_val_bpb": summary["initial_avg_val_bpb"],
@@ -139,17 +160,18 @@ def markdown(results: list[dict[str, Any]], base: DeptConfig, command: str) -> s
         f"{base.num_server_rounds} rounds x {base.local_steps} local steps (batch "
         f"{base.batch_size} x {base.seq_len} tokens), lr {base.lr:g}, seed {base.seed}; every "
         "source trains every round. Bytes up: the replies' payloads (ArrayRecord bytes); "
-        "θ goes down as float32 in every setting.",
+        "bytes down: the train messages' (θ as float32; with fragments only what changed).",
         "",
-        "| setting | bytes up / round | bytes up, total | x fewer than none | "
-        "reduction vs DDP (up + down) | avg val bpb | Δ bpb vs none | wall s |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|",
+        "| setting | bytes up / round | bytes down / round | bytes up, total | x fewer up "
+        "than none | x fewer down | reduction vs DDP (up + down) | avg val bpb | Δ bpb vs none "
+        "| wall s |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in results:
-        per_round = sum(r["bytes_up_per_round"]) / max(1, len(r["bytes_up_per_round"]))
         lines.append(
-            f"| {r['setting']} | {per_round:,.0f} | {r['bytes_up']:,} | "
-            f"{ref['bytes_up'] / r['bytes_up']:.2f} | {r['reduction_vs_ddp']:.0f} | "
+            f"| {r['setting']} | {_per_round(r, 'up'):,.0f} | {_per_round(r, 'down'):,.0f} | "
+            f"{r['bytes_up']:,} | {ref['bytes_up'] / r['bytes_up']:.2f} | "
+            f"{ref['bytes_down'] / r['bytes_down']:.2f} | {r['reduction_vs_ddp']:.0f} | "
             f"{r['avg_val_bpb']:.4f} | {r['avg_val_bpb'] - ref['avg_val_bpb']:+.5f} | "
             f"{r['wall_s']:.0f} |"
         )
@@ -169,6 +191,22 @@ def markdown(results: list[dict[str, Any]], base: DeptConfig, command: str) -> s
     dropped = sum(r["dropped"] for r in results)
     lines += ["", f"Rejected or failed replies over all runs: {dropped}.", ""]
     return "\n".join(lines)
+
+
+def _per_round(run: dict[str, Any], way: str) -> float:
+    values = run[f"bytes_{way}_per_round"]
+    return sum(values) / max(1, len(values))
+
+
+def write_csv(results: list[dict[str, Any]], path: Path) -> None:
+    """One row per setting: its bytes per round each way and its final bits per byte."""
+    columns = ["setting", "compression", "error_feedback", "topk_density", "fragments"]
+    columns += ["fragment_period", "bytes_up", "bytes_down", "avg_val_bpb", "wall_s"]
+    with path.open("w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow([*columns, "bytes_up_per_round", "bytes_down_per_round"])
+        for r in results:
+            writer.writerow([r[c] for c in columns] + [_per_round(r, "up"), _per_round(r, "down")])
 
 
 def plot(results: list[dict[str, Any]], path: Path) -> None:
@@ -216,6 +254,7 @@ def main(argv: list[str] | None = None) -> int:
     (out / "compression.md").write_text(table)
     report = {"config": to_run_config(base), "wall_s": time.perf_counter() - started}
     (out / "compression.json").write_text(dumps({**report, "runs": results}, indent=2))
+    write_csv(results, out / "compression.csv")
     plot(results, out / "compression.png")
     print(table, flush=True)
     return 0
@@ -241,7 +280,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--settings",
         type=lambda s: s.split(","),
         default=list(SETTINGS),
-        help=f"comma-separated subset of {','.join(SETTINGS)} (none is the reference)",
+        help=f"comma-separated subset of {','.join(SETTINGS)} (none is the reference), each "
+        f"maybe with {FRAGMENTS}KxF (K fragments, each synced every F rounds)",
     )
     parser.add_argument("--out", default="benchmarks/results/compression")
     parser.add_argument("--work", default="outputs/compression", help="runs and node state")
@@ -253,9 +293,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         args.model, args.rounds, args.local_steps, args.eval_bytes = "debug", 2, 4, 4096
         args.global_vocab_size, args.warmup_steps = 600, 2
     args.sources = args.sources or (QUICK_SOURCES if args.quick else DEFAULT_SOURCES)
-    unknown = sorted(set(args.settings) - set(SETTINGS))
+    unknown = sorted(s for s in args.settings if split_label(s)[0] not in SETTINGS)
     if unknown or "none" not in args.settings:
-        parser.error(f"--settings must include none and come from {', '.join(SETTINGS)}")
+        parser.error(
+            f"--settings must include none and come from {', '.join(SETTINGS)}, each maybe "
+            f"with {FRAGMENTS}KxF"
+        )
     return args
 
 

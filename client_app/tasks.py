@@ -26,6 +26,7 @@ from client_app.node import node_setup, served_sources
 from dept import keys
 from dept.config import load_config
 from dept.devices import describe, unused_gpus_warning
+from dept.fragments import FragmentPlan
 from dept.source_client import SourceClient
 from dept.workspace import Attempt, Workspace
 
@@ -128,6 +129,15 @@ def _attempt(config: ConfigRecord) -> Attempt:
     )
 
 
+def _fragments(config: ConfigRecord) -> FragmentPlan | None:
+    """The round's fragment plan (``fragments`` > 1), or None: the whole body syncs."""
+    if keys.FRAGMENT_VERSIONS not in config:
+        return None
+    versions = config[keys.FRAGMENT_VERSIONS]
+    sync = config[keys.FRAGMENT_SYNC]
+    return FragmentPlan(tuple(map(int, versions)), tuple(map(int, sync)))  # type: ignore[arg-type]
+
+
 def _shared(content: RecordDict) -> dict:
     """θ, and ψ, φ or φ's rows where the variant shares them."""
     return content.array_records[keys.ARRAYS].to_torch_state_dict()
@@ -144,6 +154,7 @@ def _train(task: Task) -> RecordDict:
         _attempt(config),
         _last_trained(config),
         announce=task.announce,
+        fragments=_fragments(config),
     )
     arrays = ArrayRecord(result.payload)  # compressed as configured; ids stay int32
     if client.shared_ids is not None:

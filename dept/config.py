@@ -174,6 +174,14 @@ class DeptConfig:
     topk_density: float = doc(
         0.01, "compression topk: the share of each tensor's values sent, in (0, 1]"
     )
+    fragments: int = doc(
+        1,
+        "partial synchronisation: the body cut into this many fragments of contiguous layers "
+        "(1 = the whole body every round); each syncs every fragment-period rounds, staggered",
+    )
+    fragment_period: int = doc(
+        1, "fragments > 1: each fragment syncs every this many rounds, in 1..fragments"
+    )
     aggregation: AggregationName = doc(
         "mean",
         "how a round's updates are combined: mean (weighted by tokens), trimmed-mean (per "
@@ -346,6 +354,12 @@ class DeptConfig:
             "median size",
         )
         _check("topk_density", 0 < self.topk_density <= 1, "must be in (0, 1]")
+        _check("fragments", self.fragments >= 1, "must be >= 1")
+        _check(
+            "fragment_period",
+            1 <= self.fragment_period <= self.fragments,
+            "must be in 1..fragments (every round syncs at least one fragment)",
+        )
         _check("fraction_train", 0 < self.fraction_train <= 1, "must be in (0, 1]")
         _check("fraction_evaluate", 0 <= self.fraction_evaluate <= 1, "must be in [0, 1]")
         _check("wait_for_nodes_s", self.wait_for_nodes_s > 0, "must be > 0")

@@ -22,6 +22,8 @@ SOURCE = "source"  # which of the node's sources acts (train, evaluate); also in
 LAST_TRAINED = "last-trained-round"  # the last round the server took this source's update; -1
 REQUEST = "request"  # what a query asks: absent = which sources; VOCABULARY = V_k of SOURCE
 VOCABULARY = "vocabulary"
+FRAGMENT_VERSIONS = "fragment-versions"  # fragments > 1: each fragment's version (dept.fragments)
+FRAGMENT_SYNC = "fragment-sync"  # fragments > 1: the fragments whose Δ the reply carries
 
 # Array keys besides θ's parameter names (``input``/``output`` are φ, GLOB and TRIM)
 EMBEDDING_IDS = "embedding-ids"  # TRIM: the global φ rows (V_k) a source holds, int32

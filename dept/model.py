@@ -35,6 +35,7 @@ from transformers import (
 )
 
 INIT_STD = 0.02
+EMBEDDING_NAMES = ("input", "output")  # φ's tensors as they travel (tied: input only)
 DEFAULT_FAMILY = "llama"  # what a bare size (``tiny``) means
 # config.json keys that describe a checkpoint, not an architecture: the run sets its own.
 NOT_ARCHITECTURE = {
@@ -320,8 +321,7 @@ def embedding_modules(model: PreTrainedModel) -> list[nn.Module]:
 def embedding_parameters(model: PreTrainedModel) -> dict[str, nn.Parameter]:
     """φ: ``input`` (and ``output`` when untied) embedding matrices, each (V, C)."""
     modules = embedding_modules(model)
-    names = ["input", "output"]
-    return {names[i]: cast(nn.Parameter, m.weight) for i, m in enumerate(modules)}
+    return {EMBEDDING_NAMES[i]: cast(nn.Parameter, m.weight) for i, m in enumerate(modules)}
 
 
 def position_parameters(model: PreTrainedModel) -> dict[str, nn.Parameter]:

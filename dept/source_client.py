@@ -30,7 +30,9 @@ from dept.data import StreamPosition, TokenizedSource, training_batches
 from dept.devices import resolve_device
 from dept.distributed import round_job, train_on_ranks
 from dept.evaluate import EvalResult, evaluate_stream
+from dept.fragments import FragmentPlan, HeldBody, start_body, synced_names
 from dept.model import (
+    EMBEDDING_NAMES,
     build_model,
     embedding_parameters,
     load_tensors,
@@ -45,6 +47,7 @@ from dept.train import StepBudget, TrainStats, make_inner_optimizer, max_round_u
 from dept.variants import variant
 from dept.vocab import VocabMap, source_vocabulary, token_byte_lengths
 from dept.workspace import (
+    BODY_FILE,
     EMBEDDINGS_FILE,
     OPTIMIZER_FILE,
     RESIDUAL_FILE,
@@ -203,7 +206,8 @@ class SourceClient:
         files = [EMBEDDINGS_FILE] if self.variant.keeps_state else []
         files += [OPTIMIZER_FILE] if cfg.keep_inner_optimizer else []
         feedback = cfg.compression != "none" and cfg.compression_error_feedback
-        return (*files, *([RESIDUAL_FILE] if feedback else []))
+        files += [RESIDUAL_FILE] if feedback else []
+        return (*files, *([BODY_FILE] if cfg.fragments > 1 else []))
 
     def state_event(self, found: FoundState, server_round: int, last_trained: int) -> str:
         """What to report of the state used in ``server_round`` ("" when it is the one the
@@ -244,15 +248,20 @@ class SourceClient:
         last_trained: int = -1,
         announce: bool = True,
         ranks: OneProcess | None = None,
+        fragments: FragmentPlan | None = None,
     ) -> RoundResult:
         """Train round ``server_round`` from θ in ``arrays``; ``last_trained`` is the round
-        the server last took an update of this source from (-1: none). A source with
+        the server last took an update of this source from (-1: none). With ``fragments``
+        (partial synchronisation) ``arrays`` may hold only some of θ: the rest comes from
+        the node's own body, and only the synced fragments' Δ goes up. A source with
         ``nproc`` > 1 trains on that many processes, each of which calls this with its
         ``ranks`` (:mod:`dept.distributed`). With ``drift-eval`` the source's own model
         after its local steps is also scored on its validation text (:meth:`local_score`),
         once, by the call that was not handed ``ranks``."""
         drift = ranks is None and self.cfg.drift_eval
         if ranks is None and self.spec.nproc > 1:
+            if fragments is not None:
+                raise ValueError(f"source {self.spec.name!r}: fragments > 1 needs nproc = 1")
             result = self._train_on_ranks(
                 arrays, global_step, server_round, attempt, last_trained, announce
             )
@@ -262,7 +271,8 @@ class SourceClient:
         event = self.state_event(found, server_round, last_trained)
         state = found.state
         self._check_same_device(state)
-        model = self.model(arrays, state, announce)
+        base, start = self._start(arrays, state, fragments)
+        model = self.model(start, state, announce)
         trained = ranks.wrap(model)
         optimizer = make_inner_optimizer(model, self.cfg)  # after wrap: FSDP shards in place
         if state is not None and state.optimizer is not None and self.cfg.keep_inner_optimizer:
@@ -286,8 +296,8 @@ class SourceClient:
         stats = ranks.reduce(stats)
         ranks.unshard(model)
         local = shared_state(model, self.variant, self._shared_rows())
-        delta = {name: arrays[name].float() - local[name] for name in arrays}
-        payload, residual = self._payload(delta, state, arrays, global_step)
+        delta = {name: base[name].float() - local[name] for name in base}
+        payload, residual = self._payload(delta, state, base, global_step, fragments)
         kept = ranks.optimizer_state(optimizer) if self.cfg.keep_inner_optimizer else None
         if ranks.writes:
             self.ws.save_state(
@@ -301,10 +311,35 @@ class SourceClient:
                     attempt.id if attempt else "",
                     residual,
                     self.device.type,
+                    _body_files(base, local) if fragments else {},
+                    fragments.versions if fragments else (),
                 ),
             )
         result = RoundResult(delta, payload, stats, event)
-        return self._with_drift(result, arrays, server_round, attempt) if drift else result
+        return self._with_drift(result, base, server_round, attempt) if drift else result
+
+    def _start(
+        self,
+        arrays: dict[str, torch.Tensor],
+        state: SourceState | None,
+        plan: FragmentPlan | None,
+    ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+        """(base, start): what Δ is taken against (the whole current global θ, and φ where
+        shared), and what training starts from; both ``arrays`` but with fragments, where
+        they are rebuilt with the node's own body (:func:`dept.fragments.start_body`)."""
+        if plan is None:
+            return arrays, arrays
+        phi = {n: v for n, v in arrays.items() if n in EMBEDDING_NAMES}
+        held = None
+        if state is not None and state.body:
+            local, base = (
+                {n.removeprefix(p): v for n, v in state.body.items() if n.startswith(p)}
+                for p in ("local/", "base/")
+            )
+            held = HeldBody(local, base, state.body_versions)
+        body = {n: v for n, v in arrays.items() if n not in phi}
+        base, start = start_body(body, held, plan)
+        return base | phi, start | phi
 
     def _with_drift(
         self,
@@ -346,18 +381,27 @@ class SourceClient:
         state: SourceState | None,
         arrays: dict[str, torch.Tensor],
         global_step: int,
+        plan: FragmentPlan | None = None,
     ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
         """(what travels for ``delta``, what it loses and the next round adds back). The
         residual is saved with the round's state, so a re-run round sends the same bytes;
         no value sent exceeds the server's reach for the round (computed, like the server
-        does, from the largest weight it sent: ``arrays``)."""
+        does, from the largest weight it sent: ``arrays``). With fragments only φ and the
+        synced fragments travel; the residual of the others is kept as it is."""
         kind = self.cfg.compression
+        if plan is not None:
+            synced = synced_names((n for n in delta if n not in EMBEDDING_NAMES), plan)
+            delta = {n: v for n, v in delta.items() if n in synced or n in EMBEDDING_NAMES}
         if kind == "none" or not self.cfg.compression_error_feedback:
             return encode(delta, kind, self.cfg.topk_density), {}
         biggest = max(float(v.abs().max()) for v in arrays.values())
         limit = max_round_update(self.cfg, global_step, biggest)
-        residual = state.residual if state is not None else {}
-        return compress_with_feedback(delta, residual, kind, limit, self.cfg.topk_density)
+        kept = state.residual if state is not None else {}
+        residual = kept  # with fragments: the sent ones' (zero where one never was sent)
+        if plan is not None and kept:
+            residual = {n: kept.get(n, torch.zeros_like(v)) for n, v in delta.items()}
+        payload, lost = compress_with_feedback(delta, residual, kind, limit, self.cfg.topk_density)
+        return payload, kept | lost if plan is not None else lost
 
     def local_score(
         self,
@@ -397,3 +441,9 @@ class SourceClient:
         found = self.state(server_round + 1, attempt)
         event = self.state_event(found, server_round, last_trained)
         return self._score(self.model(arrays, found.state, announce)), event
+
+
+def _body_files(base: dict[str, torch.Tensor], local: dict[str, torch.Tensor]) -> dict:
+    """What a node keeps of its body with fragments: its trained θ and each fragment's base."""
+    body = [n for n in base if n not in EMBEDDING_NAMES]
+    return {f"local/{n}": local[n] for n in body} | {f"base/{n}": base[n] for n in body}

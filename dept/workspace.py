@@ -12,6 +12,8 @@ Layout under the node's state root (``state-dir``)::
         optimizer.pt                                inner AdamW state (weights_only load)
         residual.safetensors                        what its compressed update lost (error
                                                     feedback), added to its next update
+        body.safetensors                            fragments > 1: its trained body
+                                                    (local/...) and each fragment's base (base/...)
         progress.json                               where the training stream stands, the
                                                     tokenizer the embeddings belong to, and
                                                     the SHA-256 of each file beside it
@@ -54,6 +56,7 @@ from dept.vocab import ensure_tokenizer
 EMBEDDINGS_FILE = "embeddings.safetensors"
 OPTIMIZER_FILE = "optimizer.pt"
 RESIDUAL_FILE = "residual.safetensors"
+BODY_FILE = "body.safetensors"
 PROGRESS_FILE = "progress.json"
 PRUNED_FILE = "pruned.json"  # the newest round whose state was deleted to save space
 VOCAB_IDS_FILE = "vocab_ids.npy"
@@ -128,7 +131,7 @@ class Workspace:
         self, folder: Path, server_round: int, progress: dict[str, Any], required: tuple[str, ...]
     ) -> SourceState:
         embeddings, optimizer = folder / EMBEDDINGS_FILE, folder / OPTIMIZER_FILE
-        residual = folder / RESIDUAL_FILE
+        residual, body = folder / RESIDUAL_FILE, folder / BODY_FILE
         for name in required:
             if not (folder / name).is_file():
                 raise FileNotFoundError(f"{folder / name} is missing")
@@ -148,6 +151,8 @@ class Workspace:
             attempt=progress.get("attempt", ""),
             residual=load_file(str(residual)) if residual.is_file() else {},
             device=progress.get("device", ""),
+            body=load_file(str(body)) if body.is_file() else {},
+            body_versions=tuple(progress.get("body_versions", ())),
         )
 
     def save_state(self, server_round: int, state: SourceState) -> None:
@@ -155,7 +160,8 @@ class Workspace:
         tmp = self.dir / f".tmp-round-{server_round:04d}"
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
-        for tensors, name in ((state.embeddings, EMBEDDINGS_FILE), (state.residual, RESIDUAL_FILE)):
+        files = (state.embeddings, EMBEDDINGS_FILE), (state.residual, RESIDUAL_FILE)
+        for tensors, name in (*files, (state.body, BODY_FILE)):
             if tensors:
                 save_tensors(tensors, tmp / name)
         if state.optimizer is not None:
@@ -168,6 +174,7 @@ class Workspace:
             # a tensor file can be damaged in place and still read (safetensors checks
             # its header, not its data): each is checked against this on load
             "sha256": {p.name: file_sha256(p) for p in sorted(tmp.iterdir())},
+            **({"body_versions": list(state.body_versions)} if state.body else {}),
         }
         (tmp / PROGRESS_FILE).write_text(json.dumps(progress))
         replace_dir(tmp, self._round_dir(server_round))
@@ -229,6 +236,10 @@ class SourceState:
     # what the round's compressed update lost, added to the next one (error feedback)
     residual: dict[str, torch.Tensor] = field(default_factory=dict)
     device: str = ""  # the kind of device the round trained on: cpu, cuda, mps ("": unknown)
+    # fragments > 1 (dept.fragments): "local/<name>" its trained θ, "base/<name>" the global
+    # values each fragment started from, at these versions
+    body: dict[str, torch.Tensor] = field(default_factory=dict)
+    body_versions: tuple[int, ...] = ()
 
 
 def replace_dir(tmp: Path, final: Path) -> None:

@@ -42,17 +42,21 @@ class OuterOptimizer:
     def step(
         self, delta: dict[str, torch.Tensor], frozen_rows: dict[str, torch.Tensor] | None = None
     ) -> None:
-        """Step with gradient Δ (same keys and shapes); rows masked in ``frozen_rows`` stay put.
+        """Step with gradient Δ; rows masked in ``frozen_rows`` stay put.
 
-        A row of φ that no sampled client held has no update; momentum or Adam would still
-        move it, so its value is put back after the step. Its momentum (or Adam moments)
-        still decay as for a zero update, and Adam's step count is per tensor, not per row.
+        ``delta`` holds every tensor, or (partial synchronisation) those of the fragments
+        synced this round: the others get no gradient, so torch's optimizers leave them and
+        their state (momentum, Adam's moments and step) untouched, and each fragment has its
+        own outer optimizer in effect. A row of φ that no sampled client held has no update;
+        momentum or Adam would still move it, so its value is put back after the step. Its
+        momentum (or Adam moments) still decay as for a zero update, and Adam's step count is
+        per tensor, not per row.
         """
         kept = {
             name: self.params[name].data[mask].clone() for name, mask in (frozen_rows or {}).items()
         }
-        for name, param in self.params.items():
-            param.grad = delta[name].to(param.dtype)
+        for name, value in delta.items():
+            self.params[name].grad = value.to(torch.float32)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         for name, values in kept.items():

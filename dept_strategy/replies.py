@@ -69,9 +69,9 @@ class ReplyDesk:
 
     def __init__(self, history: RunHistory, in_flight: InFlight, server_round: int) -> None:
         self.history, self.in_flight, self.round = history, in_flight, server_round
-        # nodes that answered with an error: they may have restarted serving other data,
-        # so discovery asks them again
-        self.erred: list[int] = []
+        # who answered with an error: the node may have restarted serving other data, so
+        # discovery asks it again; the source may have lost its state
+        self.erred: list[Target] = []
 
     def claim(self, reply: Message) -> Target | None:
         """Whom ``reply`` is from; None (logged, recorded) for unsolicited or duplicates."""
@@ -80,7 +80,7 @@ class ReplyDesk:
             self.history.ignored(self.round, reply.metadata.src_node_id, why)
         elif reply.has_error():
             self.failed(target, reply.error.reason or "?")
-            self.erred.append(target.node)
+            self.erred.append(target)
             return None
         else:
             self._state_event(target, reply.content)

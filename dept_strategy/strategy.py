@@ -20,6 +20,7 @@ below; what happened is in :attr:`DeptStrategy.history`, which only the strategy
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import random
@@ -49,6 +50,7 @@ from dept.config import COMPRESSIONS
 from dept_strategy.aggregate import RunningMean, combine
 from dept_strategy.diagnostics import round_diagnostics
 from dept_strategy.discovery import SourceDirectory
+from dept_strategy.fragments import FragmentBook
 from dept_strategy.history import RunHistory
 from dept_strategy.inflight import InFlight, Target
 from dept_strategy.outer import OuterOptimizer
@@ -70,7 +72,9 @@ class DeptStrategy(Strategy):
     replies wait on disk (default: a temporary folder); ``defences``: how they are screened
     and combined (:mod:`.screening`); ``pinned``: source → the node key that may serve it
     (:mod:`.identity`); ``interference``: also the cosine between every pair of a round's
-    updates (:mod:`.diagnostics`; their norms are always recorded).
+    updates (:mod:`.diagnostics`; their norms are always recorded); ``fragments`` > 1:
+    the body synchronised by that many fragments, each every ``fragment_period`` rounds
+    (:mod:`.fragments`).
     """
 
     def __init__(
@@ -97,6 +101,8 @@ class DeptStrategy(Strategy):
         defences: Defences | None = None,
         pinned: dict[str, bytes] | None = None,
         interference: bool = True,
+        fragments: int = 1,
+        fragment_period: int = 1,
     ) -> None:
         _check_settings(fraction_train, fraction_evaluate, local_steps, compression)
         self.outer, self.local_steps, self.run_id = outer, local_steps, run_id
@@ -125,8 +131,11 @@ class DeptStrategy(Strategy):
         self.eval_rng = random.Random(seed + 1)  # evaluation draws do not shift training's
         self.shapes, self.embedding_names = outer.shapes(), embedding_names
         self.vocabularies = self._vocabularies(query_timeout_s) if trim else None
-        body = [s for n, s in self.shapes.items() if n not in embedding_names]
-        self.history = RunHistory(sum(int(np.prod(s)) for s in body), local_steps)
+        body = [n for n in self.shapes if n not in embedding_names]
+        self.history = RunHistory(sum(int(np.prod(self.shapes[n])) for n in body), local_steps)
+        self.fragments = (
+            FragmentBook(body, count=fragments, period=fragment_period) if fragments > 1 else None
+        )
 
     def _vocabularies(self, timeout_s: float) -> SourceVocabularies | None:
         """TRIM's V_k per source (none to keep where no φ is shared)."""
@@ -148,6 +157,8 @@ class DeptStrategy(Strategy):
             "history": self.history.state_dict(),
             "reference": self.reference.as_dict() if self.reference else None,
         }
+        if self.fragments is not None:
+            meta["fragments"] = self.fragments.state_dict()
         return tensors, meta
 
     def resume(
@@ -168,6 +179,8 @@ class DeptStrategy(Strategy):
         self.eval_rng.setstate(_rng_tuple(meta["eval_rng"]))
         self.history = RunHistory.from_state_dict(meta["history"], self.local_steps)
         self.reference = UpdateStats(**meta["reference"]) if meta.get("reference") else None
+        if self.fragments is not None:
+            self.fragments.load_state_dict(meta["fragments"])
         self.resumed_after = after_round
 
     def shared_tensors(self) -> ArrayRecord:
@@ -227,8 +240,10 @@ class DeptStrategy(Strategy):
     def _close(self, desk: ReplyDesk) -> None:
         """The exchange is over: the silent are recorded, the nodes that erred asked again."""
         desk.missing()
-        for node in desk.erred:
-            self.directory.forget(node)
+        for target in desk.erred:
+            self.directory.forget(target.node)
+            if self.fragments is not None:
+                self.fragments.forget(target.source)
 
     def _sample(
         self, grid: Grid, server_round: int, fraction: float, minimum: int, rng: random.Random
@@ -251,11 +266,21 @@ class DeptStrategy(Strategy):
         config[keys.ATTEMPT] = self.attempt
         config[keys.RESUMED_AFTER] = self.resumed_after
 
-    def _expected(self, source: str) -> tuple[dict[str, tuple[int, ...]], np.ndarray | None]:
-        """Shapes a reply from ``source`` must have, and its φ row ids (TRIM)."""
+    def _round_shapes(self, server_round: int) -> dict[str, tuple[int, ...]]:
+        """The tensors the replies of ``server_round`` carry: all, or with fragments φ and
+        the round's synced fragments."""
+        if self.fragments is None:
+            return self.shapes
+        synced = self.fragments.round_names(server_round)
+        return {n: s for n, s in self.shapes.items() if n in synced or n in self.embedding_names}
+
+    def _expected(
+        self, shapes: dict[str, tuple[int, ...]], source: str
+    ) -> tuple[dict[str, tuple[int, ...]], np.ndarray | None]:
+        """Shapes of ``shapes`` a reply from ``source`` must have, and its φ row ids (TRIM)."""
         if self.vocabularies is None:
-            return self.shapes, None
-        return self.vocabularies.expected(source, self.shapes, self.embedding_names)
+            return shapes, None
+        return self.vocabularies.expected(source, shapes, self.embedding_names)
 
     def _messages(
         self, arrays: ArrayRecord, config: ConfigRecord, targets: dict[str, int], message_type: str
@@ -271,6 +296,9 @@ class DeptStrategy(Strategy):
             last = self.history.last_trained(source, before)
             per_source = ConfigRecord({**config, keys.SOURCE: source, keys.LAST_TRAINED: last})
             shared = trim.trimmed(source, arrays, phi) if trim else arrays
+            if self.fragments is not None and message_type == MessageType.TRAIN:
+                unsent = self.fragments.unsent(source)
+                shared = ArrayRecord({n: a for n, a in shared.items() if n not in unsent})
             sent += shared.count_bytes()
             record = RecordDict({keys.ARRAYS: shared, keys.CONFIG: per_source})
             message = Message(content=record, dst_node_id=node, message_type=message_type)
@@ -287,6 +315,8 @@ class DeptStrategy(Strategy):
         config[keys.SERVER_ROUND] = server_round
         config[keys.GLOBAL_STEP] = self.history.global_step(server_round)
         self._identify(config)
+        if self.fragments is not None:
+            self.fragments.configure(config, server_round)
         record = self.history.at(server_round)
         record.sampled = len(targets)
         log.info("round %d: training %s", server_round, ", ".join(targets))
@@ -299,9 +329,14 @@ class DeptStrategy(Strategy):
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         desk = self._desk(server_round)
+        versions = list(self.fragments.versions) if self.fragments else []  # what was sent
         accepted = self._step(server_round, replies, desk)
         if accepted is None:
             return None, None
+        if self.fragments is not None:
+            self.fragments.stepped(server_round)
+            for arrival in accepted:
+                self.fragments.took(arrival.target.source, versions)
         self.reference = median_stats([a.spooled.stats for a in accepted]) or self.reference
         return self.shared_tensors(), desk.credit(accepted)
 
@@ -311,11 +346,11 @@ class DeptStrategy(Strategy):
         """Take the round's replies in, screen them, combine them and step the outer
         optimizer; the replies that counted, or None (the model unchanged). Whatever the
         round held (spool, running mean) is let go on return, before the body is serialised."""
-        rule = self.defences.aggregation
+        rule, shapes = self.defences.aggregation, self._round_shapes(server_round)
         with RoundSpool(self._spool(server_round)) as spool:
-            running = RunningMean(self.shapes, self.embedding_names) if rule == "mean" else None
+            running = RunningMean(shapes, self.embedding_names) if rule == "mean" else None
             intake = Intake(
-                self._expected,
+                functools.partial(self._expected, shapes),
                 self.max_tokens_per_round,
                 self.compression,
                 self.embedding_names,
@@ -335,12 +370,12 @@ class DeptStrategy(Strategy):
                     self.min_train_replies,
                 )
                 return None
-            self._diagnose(server_round, accepted)
+            self._diagnose(server_round, accepted, shapes)
             # In source order, not arrival order: the float32 mean rounds by order, and a
             # deployment's arrival order is not the same twice (a resumed run must match).
             delta, frozen_rows = combine(
                 [a.spooled for a in sorted(accepted, key=lambda a: a.target.source)],
-                self.shapes,
+                shapes,
                 self.embedding_names,
                 running,
                 rule=rule,
@@ -349,7 +384,9 @@ class DeptStrategy(Strategy):
         self.outer.step(delta, frozen_rows)
         return accepted
 
-    def _diagnose(self, server_round: int, accepted: list[Arrival]) -> None:
+    def _diagnose(
+        self, server_round: int, accepted: list[Arrival], shapes: dict[str, tuple[int, ...]]
+    ) -> None:
         """The accepted updates' norms and, if on, their interference, read from the spool
         (:mod:`dept_strategy.diagnostics`) into the round's record."""
         start = time.perf_counter()
@@ -357,7 +394,7 @@ class DeptStrategy(Strategy):
         found = round_diagnostics(
             [a.target.source for a in ordered],
             [a.spooled for a in ordered],
-            self.shapes,
+            shapes,
             self.embedding_names,
             interference=self.interference,
         )

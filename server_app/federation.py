@@ -187,6 +187,8 @@ def _build_strategy(cfg: DeptConfig, run_id: str) -> DeptStrategy:
         defences=defences,
         pinned=load_source_keys(resolve_path(pins)) if pins else None,
         interference=cfg.interference,
+        fragments=cfg.fragments,
+        fragment_period=cfg.fragment_period,
         local_steps=cfg.local_steps,
         run_id=run_id,
         fraction_train=cfg.fraction_train,

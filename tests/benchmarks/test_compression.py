@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from benchmarks import compression
 from tests.helpers import share_cache
 
@@ -40,3 +42,31 @@ def test_quick_run_compares_every_setting_against_none(tmp_path: Path, node_cach
     table = (out / "compression.md").read_text()
     assert "| int8-no-ef |" in table and "python -m benchmarks.compression --quick" in table
     assert (out / "compression.png").stat().st_size > 0
+
+
+def test_fragment_settings_halve_the_bytes_each_way(tmp_path: Path, node_cache: Path) -> None:
+    # Prepare: the debug body's 2 layers as 2 fragments, one synced per round
+    out = tmp_path / "out"
+    share_cache(tmp_path / "work" / "state", node_cache)
+    settings = "none,none+frag-2x2"
+    # Execute
+    compression.main(
+        ["--quick", "--settings", settings, "--out", str(out), "--work", str(tmp_path / "work")]
+    )
+    # Assert: round 1 sends everyone the whole body, round 2 only the fragment round 1 changed
+    runs = {r["setting"]: r for r in json.loads((out / "compression.json").read_text())["runs"]}
+    whole, split = runs["none"], runs["none+frag-2x2"]
+    assert split["fragments"] == 2 and split["fragment_period"] == 2
+    for way in ("up", "down"):
+        ratios = [
+            s / w
+            for s, w in zip(
+                split[f"bytes_{way}_per_round"], whole[f"bytes_{way}_per_round"], strict=True
+            )
+        ]
+        assert all(0.3 < r < 0.7 for r in ratios[way == "down" :]), (way, ratios)
+    assert split["bytes_down_per_round"][0] == whole["bytes_down_per_round"][0]
+    rows = (out / "compression.csv").read_text().splitlines()
+    assert rows[0].startswith("setting,") and rows[2].startswith("none+frag-2x2,none,")
+    with pytest.raises(ValueError, match="expected <setting>\\+frag-KxF"):
+        compression.split_label("int8+frag-4")

@@ -1,0 +1,85 @@
+"""Partial synchronisation through the real apps in process: the same numbers as the whole
+body where every fragment syncs every round, the bytes of only the synced fragments, and
+an exact resume."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from flwr.app import ArrayRecord
+
+from client_app.app import app as client_app
+from dept.fragments import partition, syncing
+from server_app.federation import run_federation
+from server_app.local_grid import LocalGrid
+from tests.helpers import assert_same_training
+from tests.server_app.test_resume import NODES, CrashingGrid, ServerCrash, _config, _final
+
+# sampled sources (fraction 0.5 of 3), a momentum outer step and int8 with error feedback
+SETTINGS = {
+    "variant": "spec",
+    "outer-optimizer": "nesterov",
+    "outer-lr": 0.7,
+    "compression": "int8",
+}
+
+
+def _run(tmp_path: Path, name: str, cache: Path, **overrides) -> Path:
+    config = _config(tmp_path, name, cache, **{**SETTINGS, **overrides})
+    return run_federation(LocalGrid(client_app, NODES, config), config).out_dir
+
+
+def test_fragments_that_all_sync_every_round_are_the_whole_body(
+    tmp_path: Path, node_cache: Path
+) -> None:
+    whole = _final(_run(tmp_path, "whole", node_cache))
+    split = _final(_run(tmp_path, "split", node_cache, fragments=2, **{"fragment-period": 1}))
+    assert_same_training(split[0], whole[0], "cpu")
+    assert_same_training(split[1], whole[1], "cpu")
+
+
+def test_only_the_synced_fragments_travel(tmp_path: Path, node_cache: Path) -> None:
+    # Prepare
+    out = _run(tmp_path, "staggered", node_cache, fragments=2, **{"fragment-period": 2})
+    body = _final(out)[1]
+    parts = partition(body, 2)
+    size = {  # bytes of each fragment, and of the whole body, as an ArrayRecord sends them
+        f: ArrayRecord({n: t for n, t in body.items() if parts[n] == f}).count_bytes()
+        for f in (0, 1)
+    }
+    whole = ArrayRecord(dict(body)).count_bytes()
+    partial_downs = 0
+    # Execute
+    lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    # Assert: each reply carries its round's fragment; each message all or one fragment
+    for line in lines[1:]:
+        (synced,) = syncing(line["round"], 2, 2)
+        for row in line["sources"].values():
+            if row["tokens"]:
+                assert row["bytes_up"] < size[synced]  # int8: codes + scales of it alone
+                assert row["bytes_up"] > size[synced] / 4
+                assert row["bytes_down"] in (whole, size[0], size[1])
+                partial_downs += row["bytes_down"] < whole
+    assert partial_downs > 0
+
+
+@pytest.mark.parametrize("outer", ["nesterov", "fedadam"])
+def test_a_killed_run_with_fragments_resumes_exactly(
+    tmp_path: Path, node_cache: Path, outer: str
+) -> None:
+    settings = {
+        "fragments": 2,
+        "fragment-period": 2,
+        "outer-optimizer": outer,
+        "outer-lr": {"nesterov": 0.7, "fedadam": 0.01}[outer],
+    }
+    expected = _final(_run(tmp_path, "reference", node_cache, **settings))
+    interrupted = _config(tmp_path, "interrupted", node_cache, **{**SETTINGS, **settings})
+    with pytest.raises(ServerCrash):
+        run_federation(CrashingGrid(client_app, NODES, interrupted, crash_round=3), interrupted)
+    resumed = {**interrupted, "resume": True}
+    got = _final(run_federation(LocalGrid(client_app, NODES, resumed), resumed).out_dir)
+    assert_same_training(got[0], expected[0], "cpu")
+    assert_same_training(got[1], expected[1], "cpu")
