@@ -41,6 +41,6 @@ def new_file_mode(folder: Path) -> int:
 
 
 def file_sha256(path: Path) -> str:
-    """The SHA-256 of ``path``'s bytes, read a MiB at a time (a file may be GBs)."""
+    """The SHA-256 of ``path``'s bytes, read in chunks by hashlib (a file may be GBs)."""
     with path.open("rb") as handle:
         return hashlib.file_digest(handle, "sha256").hexdigest()
