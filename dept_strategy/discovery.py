@@ -4,8 +4,14 @@ DEPT samples *sources* each round (Algorithm 1), while Flower addresses *nodes*.
 that connects is asked once which sources it serves (a deployed SuperNode: the one in its
 node config; a simulated one: its share of the run's sources), so the strategy can sample
 sources, address the right node, and pick up nodes that join a running federation. A node
-that fails to answer (bad node config, unreadable data) is logged with its reason and asked
-again the next round (once per round, so a broken node does not flood the log).
+that answers with an error (bad node config, unreadable data) is logged with its reason and
+asked again the next round (once per round, so a broken node does not flood the log).
+
+A query can also be lost: Flower drops a message whose ClientApp process dies or whose run
+token was revoked, without an error reply. So a query is never waited on alone: it stays
+pending, its reply is taken whenever it comes (also in a later round), and a node whose
+query goes unanswered is asked again after ``reask_after_s``, then after twice that, and so
+on, so that one lost message cannot stall the wait for a resumed run's sources.
 
 A source has one node at a time: the first that served it keeps it while it is connected,
 and a second node claiming it is refused (both ids logged, the conflict recorded) instead of
@@ -19,18 +25,18 @@ from __future__ import annotations
 import logging
 import time
 
-from flwr.app import ConfigRecord, Message
+from flwr.app import ConfigRecord, Message, MessageType, RecordDict
 from flwr.serverapp import Grid
 
 from dept import keys
 from dept_strategy.history import RunHistory
 from dept_strategy.identity import fingerprint, node_keys
-from dept_strategy.inflight import Target
-from dept_strategy.queries import send_queries
 from dept_strategy.validation import last_line
 
 log = logging.getLogger(__name__)
 FAIL_FAST_GRACE_S = 10.0  # how long the node set must stay unchanged before giving up early
+REASK_AFTER_S = 60.0  # a query unanswered this long is sent again (the wait then doubles)
+POLL_S = 0.5
 
 
 def _same_key(keys_of: dict[int, bytes], a: int, b: int) -> bool:
@@ -53,32 +59,54 @@ class SourceDirectory:
         wait_s: float,
         query_timeout_s: float,
         pinned: dict[str, bytes] | None = None,
+        reask_after_s: float = REASK_AFTER_S,
     ) -> None:
-        """``pinned``: source → the DER public key its node must authenticate with."""
+        """``pinned``: source → the DER public key its node must authenticate with;
+        ``query_timeout_s``: how long a round waits for a node asked for the first time."""
         self.run_id = run_id
         self.min_nodes = max(1, min_nodes)
         self.wait_s = wait_s
         self.query_timeout_s = query_timeout_s
+        self.reask_after_s = reask_after_s
         self.pinned = pinned or {}
         self.node_sources: dict[int, list[str]] = {}  # in the order nodes first answered
-        self.asked_in_round: dict[int, int] = {}
+        self.asked_in_round: dict[int, int] = {}  # node -> the round it was last asked
+        self.pending: dict[str, int] = {}  # query message id -> the node it asks
+        self.asks: dict[int, tuple[int, float]] = {}  # node -> (unanswered asks, last sent)
+        self.silent: dict[int, str] = {}  # node -> how long its query has gone unanswered
         self.failures: dict[int, str] = {}  # node -> why it could not say what it serves
         self.owner: dict[str, int] = {}  # source -> the node serving it
         self.refused: set[tuple[str, int]] = set()  # (source, node) conflicts already reported
         self.conflicts: list[dict[str, str]] = []  # what was refused, for the run's report
 
-    def refresh(self, grid: Grid, server_round: int, history: RunHistory) -> dict[str, int]:
-        """Ask nodes not yet known (a node that cannot answer goes into ``history``); return
-        ``{source: node}`` for the connected nodes."""
+    def refresh(
+        self, grid: Grid, server_round: int, history: RunHistory, *, patience_s: float | None = None
+    ) -> dict[str, int]:
+        """Take the replies that came, ask nodes not yet known (a node that cannot answer
+        goes into ``history``) and wait up to ``patience_s`` (default: ``query_timeout_s``)
+        for those asked for the first time; return ``{source: node}`` for the connected
+        nodes."""
         connected = set(grid.get_node_ids())
-        unknown = sorted(
+        self._collect(grid, server_round, history)  # replies to earlier asks
+        now = time.monotonic()
+        due = [
             n
-            for n in connected - self.node_sources.keys()
-            if self.asked_in_round.get(n) != server_round
-        )
-        self.asked_in_round.update(dict.fromkeys(unknown, server_round))
-        if unknown:
-            self._ask(grid, unknown, server_round, history)
+            for n in sorted(connected - self.node_sources.keys())
+            if self._due(n, now, server_round)
+        ]
+        first = [n for n in due if n not in self.asks]
+        for node in due:
+            self._note_silence(node, now, server_round, history)
+        if due:
+            self._ask(grid, due)
+            self.asked_in_round.update(dict.fromkeys(due, server_round))
+        patience = self.query_timeout_s if patience_s is None else patience_s
+        deadline = time.monotonic() + patience
+        while True:
+            self._collect(grid, server_round, history)
+            if not any(n in self.asks for n in first) or time.monotonic() >= deadline:
+                break
+            time.sleep(min(POLL_S, max(0.0, deadline - time.monotonic())))
         keys_of = node_keys(grid)  # empty where nodes do not authenticate
         for node in [n for n in self.node_sources if n in connected]:  # first answered first
             for source in self.node_sources[node]:
@@ -145,18 +173,51 @@ class SourceDirectory:
             }
         )
 
-    def _ask(self, grid: Grid, nodes: list[int], server_round: int, history: RunHistory) -> None:
+    def _due(self, node: int, now: float, server_round: int) -> bool:
+        """Ask ``node`` now: its query is overdue, or it has none pending and was not asked
+        this round (a node that answered an error is asked again the next round)."""
+        unanswered, sent = self.asks.get(node, (0, 0.0))
+        if unanswered:
+            return now - sent >= self.reask_after_s * 2 ** (unanswered - 1)
+        return self.asked_in_round.get(node) != server_round
+
+    def _note_silence(self, node: int, now: float, server_round: int, history: RunHistory) -> None:
+        """An overdue query: logged and written down before the node is asked again."""
+        unanswered, sent = self.asks.get(node, (0, now))
+        if not unanswered:
+            return
+        self.silent[node] = f"no answer to {unanswered} query(ies), the last {now - sent:.0f} s ago"
+        self.failures[node] = self.silent[node]
+        why = f"did not say which sources it serves: {self.silent[node]}"
+        log.warning("node %d %s; asking again", node, why)
+        history.failed(server_round, node, why)
+
+    def _ask(self, grid: Grid, nodes: list[int]) -> None:
         config = ConfigRecord({keys.RUN_ID: self.run_id})
-        queries = [(Target(node, ""), config) for node in nodes]
-        replies, silent = send_queries(grid, queries, self.query_timeout_s)
-        for target, reply in replies:
-            node = target.node if target else reply.metadata.src_node_id
+        messages = [
+            Message(
+                RecordDict({keys.CONFIG: config}), dst_node_id=node, message_type=MessageType.QUERY
+            )
+            for node in nodes
+        ]
+        now = time.monotonic()
+        for node, message_id in zip(nodes, grid.push_messages(messages), strict=True):
+            self.pending[message_id] = node
+            self.asks[node] = (self.asks.get(node, (0, now))[0] + 1, now)
+
+    def _collect(self, grid: Grid, server_round: int, history: RunHistory) -> None:
+        """Learn from every reply that came for a pending query, in the order they came."""
+        if not self.pending:
+            return
+        for reply in grid.pull_messages(list(self.pending)):
+            node = self.pending.pop(reply.metadata.reply_to_message_id, None)
+            if node is None:
+                continue
+            for message_id in [m for m, n in self.pending.items() if n == node]:
+                del self.pending[message_id]  # its other asks are answered by this one
+            self.asks.pop(node, None)
+            self.silent.pop(node, None)
             self._learn(node, reply, server_round, history)
-        for target in silent:
-            self.failures[target.node] = f"no answer within {self.query_timeout_s:.0f} s"
-            why = f"did not say which sources it serves: {self.failures[target.node]}"
-            log.warning("node %d %s", target.node, why)
-            history.failed(server_round, target.node, why)
 
     def forget(self, node: int) -> None:
         """Ask ``node`` again next round (it failed: it may have restarted with other data).
@@ -208,11 +269,11 @@ class SourceDirectory:
             if nodes != seen:
                 seen, stable_since = nodes, time.monotonic()
             enough = len(nodes) >= self.min_nodes
-            owners = self.refresh(grid, server_round, history) if enough else {}
+            owners = self.refresh(grid, server_round, history, patience_s=0) if enough else {}
             if owners and expected <= owners.keys():
                 return owners
             idle = {n for n, served in self.node_sources.items() if not served}
-            hopeless = enough and nodes <= self.failures.keys() | idle
+            hopeless = enough and nodes <= (self.failures.keys() - self.silent.keys()) | idle
             if hopeless and time.monotonic() - stable_since >= grace:
                 raise NotEnoughNodes(f"no connected node can serve a source: {self._reasons()}")
             if time.monotonic() >= deadline and owners:
@@ -233,7 +294,7 @@ class SourceDirectory:
             if time.monotonic() >= next_log:
                 log.info("waiting for nodes: %d connected, %d required", len(nodes), self.min_nodes)
                 next_log = time.monotonic() + 10
-            time.sleep(0.5)
+            time.sleep(POLL_S)
 
     def _reasons(self) -> str:
         return "; ".join(f"node {n}: {r}" for n, r in sorted(self.failures.items()))

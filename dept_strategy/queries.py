@@ -1,6 +1,6 @@
 """One exchange of ``query`` messages: one to each target, the replies credited, the silent
-named. Discovery (:mod:`dept_strategy.discovery`) and TRIM's vocabularies
-(:mod:`dept_strategy.vocabularies`) both ask their nodes this way.
+named. TRIM's vocabularies (:mod:`dept_strategy.vocabularies`) ask their nodes this way;
+discovery keeps its queries pending instead (:mod:`dept_strategy.discovery`).
 """
 
 from __future__ import annotations

@@ -5,6 +5,7 @@ from pathlib import Path
 import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
+from flwr.app import Message
 from flwr.proto.node_pb2 import NodeInfo
 
 from dept.config import ConfigError
@@ -25,6 +26,37 @@ class ArrivingGrid(LocalGrid):
     def get_node_ids(self):
         self.first_look = self.first_look or time.monotonic()
         return [1, 2] if time.monotonic() - self.first_look >= self.delay else [1]
+
+
+class LossyGrid(LocalGrid):
+    """Loses the first ``lose`` queries to each node in ``lossy`` (as Flower does when a
+    ClientApp process dies) and holds every reply of ``held`` nodes until released."""
+
+    def __init__(self, app, nodes: int, lossy: dict[int, int], held: set[int] = frozenset()):
+        super().__init__(app, [{}] * nodes, {})
+        self.lossy, self.held = dict(lossy), set(held)
+        self.sent: list[int] = []  # the node of every query pushed
+        self.on_hold: dict[str, Message] = {}
+
+    def push_messages(self, messages):
+        ids = []
+        for msg in messages:
+            node = msg.metadata.dst_node_id
+            self.sent.append(node)
+            if self.lossy.get(node, 0) > 0:
+                self.lossy[node] -= 1
+                msg.metadata.__dict__["_message_id"] = f"lost-{len(self.sent)}"
+                ids.append(msg.metadata.message_id)
+                continue
+            [message_id] = super().push_messages([msg])
+            if node in self.held:
+                self.on_hold[message_id] = self._replies.pop(message_id)
+            ids.append(message_id)
+        return ids
+
+    def release(self) -> None:
+        self._replies.update(self.on_hold)
+        self.on_hold, self.held = {}, set()
 
 
 def _directory(wait_s: float) -> SourceDirectory:
@@ -162,3 +194,36 @@ def test_nodes_with_random_bytes_for_keys_as_in_simulation(tmp_path: Path) -> No
     )
     assert pinned.refresh(grid, 1, _history()) == {"fr": 2}
     assert "its key (SHA256:" in pinned.conflicts[0]["reason"]
+
+
+def test_a_lost_query_is_sent_again_so_a_resumed_run_gets_every_source() -> None:
+    # Prepare: the resumed run expects de and fr; node 2's first two queries are lost
+    grid = LossyGrid(directory_app({1: ["de"], 2: ["fr"]}), nodes=2, lossy={2: 2})
+    directory = SourceDirectory(
+        run_id="r", min_nodes=2, wait_s=30, query_timeout_s=600, reask_after_s=0.5
+    )
+    history = _history()
+    started = time.monotonic()
+    # Execute
+    owners = directory.wait(grid, 0, history, expected=frozenset({"de", "fr"}))
+    # Assert: asked again after 0.5 s, then after 1 s, instead of waiting out the timeout
+    assert owners == {"de": 1, "fr": 2}
+    assert grid.sent == [1, 2, 2, 2]
+    assert time.monotonic() - started < 10
+    reasons = [f["reason"] for f in history.rounds[0].failed]
+    assert reasons[0].startswith("did not say which sources it serves: no answer to 1 query")
+    assert len(reasons) == 2 and directory.silent == {} and directory.pending == {}
+
+
+def test_a_late_answer_counts_in_a_later_round_and_a_silent_node_does_not_hold_a_round() -> None:
+    grid = LossyGrid(directory_app({1: ["de"], 2: ["fr"]}), nodes=2, lossy={}, held={2})
+    directory = SourceDirectory(
+        run_id="r", min_nodes=0, wait_s=30, query_timeout_s=0.5, reask_after_s=60
+    )
+    assert directory.refresh(grid, 1, _history()) == {"de": 1}, "node 2 waited on 0.5 s"
+    started = time.monotonic()
+    assert directory.refresh(grid, 2, _history()) == {"de": 1}
+    assert time.monotonic() - started < 0.4, "an asked node's silence is not waited on again"
+    grid.release()  # the reply to the first query finally comes
+    assert directory.refresh(grid, 3, _history()) == {"de": 1, "fr": 2}
+    assert grid.sent == [1, 2], "node 2 was asked once: its late answer was taken"
