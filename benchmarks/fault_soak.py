@@ -39,8 +39,7 @@ from benchmarks.soak_reference import run_reference
 from benchmarks.soak_report import by_kind, render, write
 from benchmarks.soak_watch import Fault, Rounds
 from server_app.checkpoint import CHECKPOINTS, TENSORS_FILE
-from tests.deploy.loopback import Loopback, Node
-from tests.deploy.test_deployment import SERVER_DONE, node_config, run_config
+from tests.deploy.loopback import SERVER_DONE, Loopback, Node, node_config, run_config
 
 log = logging.getLogger(__name__)
 SOURCES = ("latin", "cyrillic", "greek", "georgian")

@@ -11,6 +11,7 @@ after a failed test, and every wait is bounded.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import signal
@@ -27,6 +28,36 @@ from tests.deploy import gateway
 PROJECT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent  # the venv's flower-* entry points
 LOG_POLL_S = 0.5
+SERVER_DONE = r"summary written to|validation bits per byte"  # the ServerApp's last lines
+
+
+def run_config(out: Path, **overrides: object) -> str:
+    """``flwr run --run-config`` text for a short ``debug`` federation writing to ``out``."""
+    config: dict[str, object] = {
+        "model": "debug",
+        "seq-len": 32,
+        "batch-size": 4,
+        "local-steps": 4,
+        "warmup-steps": 1,
+        "eval-bytes": 2048,
+        "num-server-rounds": 3,
+        "wait-for-nodes-s": 90.0,
+        "round-timeout-s": 120.0,
+        "output-dir": str(out),
+        **overrides,
+    }
+    return " ".join(
+        f"{k}={json.dumps(v) if isinstance(v, str) else str(v).lower()}" for k, v in config.items()
+    )
+
+
+def node_config(source: str, state: Path, path: str | None = None) -> str:
+    """``--node-config`` text for a SuperNode serving ``source`` (built-in synthetic data
+    unless ``path``), its round state under ``state``."""
+    return (
+        f"source='{source}' path='{path or 'builtin:synthetic-' + source}' "
+        f"vocab-size=300 state-dir='{state / source}'"
+    )
 
 
 def free_port() -> int:

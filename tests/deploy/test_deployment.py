@@ -12,39 +12,19 @@ from pathlib import Path
 
 import pytest
 
-from tests.deploy.loopback import Loopback, Node, wait_for_line
+from tests.deploy.loopback import (
+    SERVER_DONE,
+    Loopback,
+    Node,
+    node_config,
+    run_config,
+    wait_for_line,
+)
 
 pytestmark = pytest.mark.slow
 SOURCES = ("latin", "cyrillic", "greek")
 JOINER = "georgian"
 RUN_S = 420  # upper bound for one short federation on a loaded 2-core machine
-SERVER_DONE = r"summary written to|validation bits per byte"
-
-
-def run_config(out: Path, **overrides: object) -> str:
-    config: dict[str, object] = {
-        "model": "debug",
-        "seq-len": 32,
-        "batch-size": 4,
-        "local-steps": 4,
-        "warmup-steps": 1,
-        "eval-bytes": 2048,
-        "num-server-rounds": 3,
-        "wait-for-nodes-s": 90.0,
-        "round-timeout-s": 120.0,
-        "output-dir": str(out),
-        **overrides,
-    }
-    return " ".join(
-        f"{k}={json.dumps(v) if isinstance(v, str) else str(v).lower()}" for k, v in config.items()
-    )
-
-
-def node_config(source: str, state: Path, path: str | None = None) -> str:
-    return (
-        f"source='{source}' path='{path or 'builtin:synthetic-' + source}' "
-        f"vocab-size=300 state-dir='{state / source}'"
-    )
 
 
 @pytest.fixture

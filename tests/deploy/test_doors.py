@@ -33,14 +33,17 @@ from dept.certificates import make_certificates
 from tests.deploy import gateway
 from tests.deploy.loopback import (
     PROJECT,
+    SERVER_DONE,
     Loopback,
     Tls,
     accepts,
+    node_config,
+    run_config,
     wait_for,
     wait_for_line,
     write_profile,
 )
-from tests.deploy.test_deployment import RUN_S, SERVER_DONE, finish, node_config, run_config
+from tests.deploy.test_deployment import RUN_S, finish
 
 pytestmark = [
     pytest.mark.slow,
