@@ -269,7 +269,10 @@ class SourceDirectory:
             if nodes != seen:
                 seen, stable_since = nodes, time.monotonic()
             enough = len(nodes) >= self.min_nodes
-            owners = self.refresh(grid, server_round, history, patience_s=0) if enough else {}
+            patience = max(0.0, min(self.reask_after_s, deadline - time.monotonic()))
+            owners = (
+                self.refresh(grid, server_round, history, patience_s=patience) if enough else {}
+            )
             if owners and expected <= owners.keys():
                 return owners
             idle = {n for n, served in self.node_sources.items() if not served}

@@ -227,3 +227,29 @@ def test_a_late_answer_counts_in_a_later_round_and_a_silent_node_does_not_hold_a
     grid.release()  # the reply to the first query finally comes
     assert directory.refresh(grid, 3, _history()) == {"de": 1, "fr": 2}
     assert grid.sent == [1, 2], "node 2 was asked once: its late answer was taken"
+
+
+class SlowGrid(LocalGrid):
+    """Node 2's replies take ``delay_s`` to come back, as a cold ClientApp's do."""
+
+    def __init__(self, app, delay_s: float) -> None:
+        super().__init__(app, [{}, {}], {})
+        self.delay_s = delay_s
+        self.due: dict[str, float] = {}
+
+    def push_messages(self, messages):
+        ids = list(super().push_messages(messages))
+        for message_id, msg in zip(ids, messages, strict=True):
+            if msg.metadata.dst_node_id == 2:
+                self.due[message_id] = time.monotonic() + self.delay_s
+        return ids
+
+    def pull_messages(self, message_ids):
+        ready = [i for i in message_ids if self.due.get(i, 0.0) <= time.monotonic()]
+        return super().pull_messages(ready)
+
+
+def test_a_fresh_run_waits_for_every_node_it_asked_not_just_the_first_to_answer() -> None:
+    grid = SlowGrid(directory_app({1: ["de"], 2: ["fr"]}), delay_s=1.0)
+    directory = SourceDirectory(run_id="r", min_nodes=2, wait_s=30, query_timeout_s=600)
+    assert directory.wait(grid, 0, _history()) == {"de": 1, "fr": 2}
