@@ -152,6 +152,9 @@ class Loopback:
             "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
             "OMP_NUM_THREADS": "1",  # several trainers share the CI machine's two cores
             "PYTHONUNBUFFERED": "1",
+            # the executors start flwr-serverapp and flwr-clientapp by name: this venv's,
+            # also when the venv is not activated (``.venv/bin/python -m benchmarks...``)
+            "PATH": os.pathsep.join([str(BIN), os.environ.get("PATH", "")]),
         }
         write_profile(self.flwr_home, "loopback", self.address, self.tls)
 
