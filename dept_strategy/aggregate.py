@@ -20,12 +20,17 @@ reply, so they read them back from the round's spool (:mod:`dept_strategy.spool`
 of coordinates at a time into one body-sized result. A reply the screening clips or drops
 is only known once the round is in; the mean is then refolded from the spool into the same
 buffer, so that case costs a read of the round, not memory.
+
+The mean is folded in source order, whatever order the replies arrive in: float32 rounding
+depends on the order, and a resumed deployment must reproduce the body exactly. A reply is
+folded from its message only when every sampled source before it is folded; one that comes
+early waits on the spool and is read back once at the end (:meth:`RunningMean.complete`).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 import torch
@@ -38,11 +43,16 @@ CHUNK_VALUES = 1 << 20  # values converted to float64 (robust rules: across all 
 
 class RunningMean:
     """The weighted mean of the replies folded in so far, one float32 buffer per tensor
-    (``row_tensors``: averaged per row over the replies holding it)."""
+    (``row_tensors``: averaged per row over the replies holding it); ``order``: the round's
+    sampled sources, sorted, in which :meth:`offer` folds them."""
 
     def __init__(
-        self, shapes: dict[str, tuple[int, ...]], row_tensors: tuple[str, ...] = ()
+        self,
+        shapes: dict[str, tuple[int, ...]],
+        row_tensors: tuple[str, ...] = (),
+        order: Sequence[str] = (),
     ) -> None:
+        self.order, self.folded = list(order), 0
         self.means = {name: np.zeros(shape, np.float32) for name, shape in shapes.items()}
         self.row_tensors = tuple(n for n in row_tensors if n in shapes)
         self.row_weight = {n: np.zeros(shapes[n][0]) for n in self.row_tensors}
@@ -66,9 +76,22 @@ class RunningMean:
                 _fold(mean.reshape(-1, 1), value, share, None, reply.scale)
         self.held.append((str(reply.path), reply.scale))
 
-    def holds(self, replies: list[Spooled]) -> bool:
-        """Whether exactly ``replies``, at their scales, are folded in."""
-        return self.held == [(str(r.path), r.scale) for r in replies]
+    def offer(self, source: str, reply: Spooled, tensors: Iterable[tuple[str, np.ndarray]]) -> None:
+        """Fold ``reply`` in from ``tensors`` now if ``source`` is the next of ``order``;
+        otherwise it stays on the spool until :meth:`complete`."""
+        if self.folded < len(self.order) and self.order[self.folded] == source:
+            self.add(reply, tensors)
+            self.folded += 1
+
+    def complete(self, replies: list[Spooled]) -> None:
+        """Make the mean exactly that of ``replies`` (in this order, at their scales): fold
+        the rest from disk if what is folded begins the list, else refold them all."""
+        wanted = [(str(r.path), r.scale) for r in replies]
+        if self.held != wanted[: len(self.held)]:
+            self.refold(replies)
+            return
+        for reply in replies[len(self.held) :]:
+            self.add(reply)
 
     def refold(self, replies: list[Spooled]) -> None:
         """Start again from zero in the same buffers and fold ``replies`` in from disk."""
@@ -120,8 +143,8 @@ def combine(
     """(the combined Δ per tensor of ``shapes``, float32; the mask of rows nobody sent per
     row tensor).
 
-    ``running``: for ``mean``, the mean the replies were folded into as they arrived; it is
-    refolded from the spool if the accepted replies are not what it holds."""
+    ``running``: for ``mean``, the mean the replies were folded into as they arrived; what
+    it lacks of ``accepted`` is folded in from the spool (:meth:`RunningMean.complete`)."""
     if rule not in RULES:
         raise ValueError(f"aggregation rule must be one of {RULES}, got {rule!r}")
     if not accepted:
@@ -130,8 +153,7 @@ def combine(
         return _robust(accepted, shapes, row_tensors, rule, trim_fraction)
     if running is None:
         raise ValueError("the mean is combined from the round's running mean")
-    if not running.holds(accepted):
-        running.refold(accepted)
+    running.complete(accepted)
     return running.result()
 
 

@@ -34,6 +34,10 @@ class InFlight:
         self._sent.append((message, target))
         self._index = None
 
+    def sources(self) -> list[str]:
+        """The sources of the messages in flight, sorted."""
+        return sorted({t.source for _, t in self._sent})
+
     def _by_id(self) -> dict[str, Target]:
         if self._index is None or len(self._index) < len(self._sent):  # ids appear on send
             self._index = {m.metadata.message_id: t for m, t in self._sent if m.metadata.message_id}

@@ -149,9 +149,10 @@ class ReplyDesk:
         return arrivals
 
     def decode_train(self, reply: Message, target: Target, intake: Intake) -> Arrival | None:
-        """The reply's Δ checked, decoded, spooled and folded into the running mean, read
+        """The reply's Δ checked, decoded, spooled and offered to the running mean, read
         twice from the message's own bytes (first to check, size and spool it, then, once
-        it is known to be whole, to fold it in); None (recorded) when it is refused."""
+        it is known to be whole, to fold it in if its turn has come); None (recorded) when
+        it is refused."""
         arrays = record_of(reply.content, keys.ARRAYS, ArrayRecord)
         bytes_up = arrays.count_bytes() if arrays is not None else 0
         self.history.record_bytes_up(self.round, bytes_up)
@@ -171,7 +172,7 @@ class ReplyDesk:
             return None
         spooled = Spooled(path, update.weight, rows, tally.stats(), layout)
         if intake.running is not None:
-            intake.running.add(spooled, update.tensors())
+            intake.running.offer(target.source, spooled, update.tensors())
         return Arrival(target, spooled, update.metrics, bytes_up)
 
     def check_eval(self, reply: Message, target: Target) -> dict[str, float] | None:

@@ -348,7 +348,11 @@ class DeptStrategy(Strategy):
         round held (spool, running mean) is let go on return, before the body is serialised."""
         rule, shapes = self.defences.aggregation, self._round_shapes(server_round)
         with RoundSpool(self._spool(server_round)) as spool:
-            running = RunningMean(shapes, self.embedding_names) if rule == "mean" else None
+            running = (
+                RunningMean(shapes, self.embedding_names, self.in_flight.sources())
+                if rule == "mean"
+                else None
+            )
             intake = Intake(
                 functools.partial(self._expected, shapes),
                 self.max_tokens_per_round,
@@ -372,7 +376,8 @@ class DeptStrategy(Strategy):
                 return None
             self._diagnose(server_round, accepted, shapes)
             # In source order, not arrival order: the float32 mean rounds by order, and a
-            # deployment's arrival order is not the same twice (a resumed run must match).
+            # deployment's arrival order is not the same twice (a resumed run must match);
+            # the running mean was folded in that order as far as arrivals allowed.
             delta, frozen_rows = combine(
                 [a.spooled for a in sorted(accepted, key=lambda a: a.target.source)],
                 shapes,

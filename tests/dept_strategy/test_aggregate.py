@@ -133,3 +133,29 @@ def test_a_reply_that_fails_while_written_leaves_no_file(tmp_path: Path) -> None
         whole.path.write_bytes(whole.path.read_bytes()[:-4])
         with pytest.raises(OSError, match="ends before"):
             whole.read("w")
+
+
+def test_replies_that_come_out_of_order_are_folded_in_source_order_reading_only_the_early_ones(
+    tmp_path: Path, monkeypatch
+) -> None:
+    # Prepare: three sources whose float32 mean rounds differently by order; c arrives first
+    rng = np.random.default_rng(1)
+    deltas = {s: {"w": rng.standard_normal((40, 3)).astype(np.float32)} for s in "abc"}
+    weights = {"a": 1.0, "b": 3.0, "c": 7.0}
+    reads: list[Path] = []
+    tensors = Spooled.tensors
+    monkeypatch.setattr(Spooled, "tensors", lambda self: reads.append(self.path) or tensors(self))
+    with RoundSpool(tmp_path / "r") as spool:
+        running = RunningMean({"w": (40, 3)}, order=["a", "b", "c"])
+        spooled = {}
+        # Execute
+        for source in "cab":  # the order the replies come in
+            spooled[source] = _spool(spool, deltas[source], weights[source])
+            running.offer(source, spooled[source], deltas[source].items())
+        combined, _ = combine([spooled[s] for s in "abc"], {"w": (40, 3)}, (), running)
+        in_order = RunningMean({"w": (40, 3)})
+        for source in "abc":
+            in_order.add(spooled[source], deltas[source].items())
+        # Assert
+        assert reads == [spooled["c"].path], "only the reply that came early is read back"
+        assert np.array_equal(combined["w"].numpy(), in_order.means["w"])
