@@ -74,6 +74,9 @@ class SourceDirectory:
         self.pending: dict[str, int] = {}  # query message id -> the node it asks
         self.asks: dict[int, tuple[int, float]] = {}  # node -> (unanswered asks, last sent)
         self.silent: dict[int, str] = {}  # node -> how long its query has gone unanswered
+        # nodes that answered only once asked again: Flower's SuperNode may be holding a
+        # reply back there (server_app/nudges.py, which nudges them)
+        self.behind: set[int] = set()
         self.failures: dict[int, str] = {}  # node -> why it could not say what it serves
         self.owner: dict[str, int] = {}  # source -> the node serving it
         self.refused: set[tuple[str, int]] = set()  # (source, node) conflicts already reported
@@ -215,6 +218,8 @@ class SourceDirectory:
                 continue
             for message_id in [m for m, n in self.pending.items() if n == node]:
                 del self.pending[message_id]  # its other asks are answered by this one
+            if self.asks.get(node, (0, 0.0))[0] > 1:
+                self.behind.add(node)
             self.asks.pop(node, None)
             self.silent.pop(node, None)
             self._learn(node, reply, server_round, history)

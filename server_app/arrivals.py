@@ -3,7 +3,8 @@
 ``Grid.send_and_receive`` returns a round's replies together, so a server aggregating N
 pseudo-gradients would hold N bodies at once. Pulling in a loop and yielding each reply as it
 comes lets the strategy add it to its running mean and drop it: the server holds the replies
-that arrived within one poll, not the round's.
+that arrived within one poll, not the round's. Nodes that hold a reply back are nudged
+(:mod:`server_app.nudges`).
 """
 
 from __future__ import annotations
@@ -14,21 +15,38 @@ from collections.abc import Iterable, Iterator
 from flwr.app import Message
 from flwr.serverapp import Grid
 
+from server_app.nudges import Nudges
+
 POLL_S = 1.0
 
 
 def replies_as_they_arrive(
-    grid: Grid, messages: Iterable[Message], timeout: float, poll_s: float = POLL_S
+    grid: Grid,
+    messages: Iterable[Message],
+    timeout: float,
+    poll_s: float = POLL_S,
+    nudges: Nudges | None = None,
 ) -> Iterator[Message]:
     """Push ``messages`` and yield their replies one by one until all are in or ``timeout``
     seconds have passed (the ones still missing are then reported by the strategy)."""
-    waiting = set(grid.push_messages(messages))
+    messages = list(messages)
+    nodes = [m.metadata.dst_node_id for m in messages]
+    node_of = dict(zip(grid.push_messages(messages), nodes, strict=True))
+    del messages
+    waiting = set(node_of)
+    if nudges is not None:
+        nudges.pushed(grid, set(node_of.values()))
     deadline = time.monotonic() + timeout
     while waiting:
         batch = list(grid.pull_messages(waiting))
         waiting.difference_update(r.metadata.reply_to_message_id for r in batch)
+        if nudges is not None:
+            for reply in batch:
+                nudges.replied(node_of.get(reply.metadata.reply_to_message_id, -1))
         while batch:
             yield batch.pop(0)  # the batch lets go of each reply once it is handed over
         if not waiting or time.monotonic() >= deadline:
             return
+        if nudges is not None:
+            nudges.waiting(grid, {node_of[m] for m in waiting}, len(waiting) < len(node_of))
         time.sleep(poll_s)

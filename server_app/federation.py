@@ -42,6 +42,7 @@ from server_app.checkpoint import (
     no_checkpoint,
     save_checkpoint,
 )
+from server_app.nudges import Nudges
 from server_app.report import RunReport
 from server_app.run_status import ERROR_LOG, write_failed, write_finished
 
@@ -124,12 +125,13 @@ def _rounds(
     done = checkpoint.server_round if checkpoint else -1
     started = time.monotonic() - strategy.elapsed_s()  # a resumed run's clock goes on
     shared = strategy.shared_tensors()  # serialised once per round, sent to all
+    nudges = Nudges(strategy.run_id, strategy.directory.behind)
     for server_round in range(done + 1, cfg.num_server_rounds + 1):
         if server_round > 0:
-            shared = _train(grid, strategy, cfg, server_round, shared)
+            shared = _train(grid, strategy, cfg, server_round, shared, nudges)
         if server_round == 1 and (why := strategy.why_nothing_trained(1)) is not None:
             raise RuntimeError(f"no source could train in round 1: {why}")
-        _evaluate(grid, strategy, cfg, server_round, shared)
+        _evaluate(grid, strategy, cfg, server_round, shared, nudges)
         strategy.round_ended(server_round, time.monotonic() - started)
         report.round_done(strategy.history, server_round)
         tensors, state = strategy.state_dict()
@@ -205,19 +207,29 @@ def _build_strategy(cfg: DeptConfig, run_id: str) -> DeptStrategy:
 
 
 def _train(
-    grid: Grid, strategy: DeptStrategy, cfg: DeptConfig, server_round: int, shared: ArrayRecord
+    grid: Grid,
+    strategy: DeptStrategy,
+    cfg: DeptConfig,
+    server_round: int,
+    shared: ArrayRecord,
+    nudges: Nudges,
 ) -> ArrayRecord:
     """Train one round from ``shared``; the shared tensors after it (as the strategy's
     aggregate serialised them, or ``shared`` itself when the round changed nothing)."""
     messages = strategy.configure_train(server_round, shared, ConfigRecord(), grid)
-    replies = replies_as_they_arrive(grid, messages, timeout=cfg.round_timeout_s)
+    replies = replies_as_they_arrive(grid, messages, cfg.round_timeout_s, nudges=nudges)
     updated, _ = strategy.aggregate_train(server_round, replies)  # each added, then dropped
     return updated if updated is not None else shared
 
 
 def _evaluate(
-    grid: Grid, strategy: DeptStrategy, cfg: DeptConfig, server_round: int, shared: ArrayRecord
+    grid: Grid,
+    strategy: DeptStrategy,
+    cfg: DeptConfig,
+    server_round: int,
+    shared: ArrayRecord,
+    nudges: Nudges,
 ) -> None:
     messages = strategy.configure_evaluate(server_round, shared, ConfigRecord(), grid)
-    replies = grid.send_and_receive(messages, timeout=cfg.round_timeout_s)
+    replies = replies_as_they_arrive(grid, messages, cfg.round_timeout_s, nudges=nudges)
     strategy.aggregate_evaluate(server_round, replies)

@@ -1,0 +1,82 @@
+"""Getting a reply out of a SuperNode that holds it back.
+
+Flower 1.42's SuperNode takes one message at a time: it pulls a message, waits until *some*
+reply is in its state, sends every reply there, and pulls the next. A reply that comes after
+its message was given up (an old run's task finishing after a ServerApp restart, found by
+the fault soak) is therefore sent in place of the next message's, and that message's own
+reply waits in the node until the one after it arrives. The node stays one reply behind
+for good, and every round waits out ``round-timeout-s`` for it.
+
+Any message to such a node makes it send what it holds, so a node that stays silent long
+after the others answered is *nudged* with a query (cheap: it only names the node's
+sources). A node whose reply came only after a nudge is behind; from then on it is nudged
+right after each message, so its real reply goes out at once. Discovery marks nodes behind
+the same way (:attr:`dept_strategy.discovery.SourceDirectory.behind`).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from flwr.app import ConfigRecord, Message, MessageType, RecordDict
+from flwr.serverapp import Grid
+
+from dept import keys
+
+log = logging.getLogger(__name__)
+NUDGE_AFTER_S = 60.0  # the least silence before a node is nudged
+SLOWER_THAN_LAST = 2.0  # ... and it must be this many times the wait for the last reply
+
+
+class Nudges:
+    """Which nodes are behind, and the nudges of one exchange of messages."""
+
+    def __init__(self, run_id: str, behind: set[int], after_s: float = NUDGE_AFTER_S) -> None:
+        """``behind``: shared with discovery, so a node either finds behind is nudged."""
+        self.run_id, self.behind, self.after_s = run_id, behind, after_s
+        self.nudged: set[int] = set()  # in this exchange
+        self.started = self.last_reply = time.monotonic()
+
+    def pushed(self, grid: Grid, nodes: set[int]) -> None:
+        """An exchange began with messages to ``nodes``: those behind are nudged now."""
+        self.nudged, self.started = set(), time.monotonic()
+        self.last_reply = self.started
+        self._nudge(grid, nodes & self.behind)
+
+    def replied(self, node: int) -> None:
+        """A reply came from ``node``; after a nudge, it is behind from now on."""
+        self.last_reply = time.monotonic()
+        if node in self.nudged and node not in self.behind:
+            log.warning(
+                "node %d sent its reply only when nudged: Flower's SuperNode holds one reply "
+                "back there, so it is nudged after each message from now on",
+                node,
+            )
+            self.behind.add(node)
+
+    def waiting(self, grid: Grid, silent: set[int], any_reply: bool) -> None:
+        """Nudge the ``silent`` nodes not nudged yet once the wait is long enough: at least
+        ``after_s`` and twice the wait for the last reply if any came, else twice ``after_s``."""
+        waited = time.monotonic() - self.started
+        if any_reply:
+            needed = max(self.after_s, SLOWER_THAN_LAST * (self.last_reply - self.started))
+        else:
+            needed = SLOWER_THAN_LAST * self.after_s
+        if waited < needed:
+            return
+        if fresh := silent - self.nudged:
+            log.info("nudging silent node(s) %s after %.0f s", sorted(fresh), waited)
+            self._nudge(grid, fresh)
+
+    def _nudge(self, grid: Grid, nodes: set[int]) -> None:
+        if not nodes:
+            return
+        config = ConfigRecord({keys.RUN_ID: self.run_id})
+        grid.push_messages(  # their replies are never pulled: they expire in the SuperLink
+            Message(
+                RecordDict({keys.CONFIG: config}), dst_node_id=n, message_type=MessageType.QUERY
+            )
+            for n in sorted(nodes)
+        )
+        self.nudged |= nodes
