@@ -77,6 +77,7 @@ class SourceDirectory:
         # nodes that answered only once asked again: Flower's SuperNode may be holding a
         # reply back there (server_app/nudges.py, which nudges them)
         self.behind: set[int] = set()
+        self.erred: dict[int, tuple[int, float]] = {}  # node -> (error answers, the last when)
         self.failures: dict[int, str] = {}  # node -> why it could not say what it serves
         self.owner: dict[str, int] = {}  # source -> the node serving it
         self.refused: set[tuple[str, int]] = set()  # (source, node) conflicts already reported
@@ -178,11 +179,15 @@ class SourceDirectory:
 
     def _due(self, node: int, now: float, server_round: int) -> bool:
         """Ask ``node`` now: its query is overdue, or it has none pending and was not asked
-        this round (a node that answered an error is asked again the next round)."""
+        this round; a node that answered an error is asked again the next round, or within
+        the round on the same backoff (it may have been away: "Node Unavailable")."""
         unanswered, sent = self.asks.get(node, (0, 0.0))
         if unanswered:
             return now - sent >= self.reask_after_s * 2 ** (unanswered - 1)
-        return self.asked_in_round.get(node) != server_round
+        if self.asked_in_round.get(node) != server_round:
+            return True
+        errors, at = self.erred.get(node, (0, now))
+        return bool(errors) and now - at >= self.reask_after_s * 2 ** (errors - 1)
 
     def _note_silence(self, node: int, now: float, server_round: int, history: RunHistory) -> None:
         """An overdue query: logged and written down before the node is asked again."""
@@ -232,6 +237,7 @@ class SourceDirectory:
 
     def _learn(self, node: int, reply: Message, server_round: int, history: RunHistory) -> None:
         if reply.has_error():
+            self.erred[node] = (self.erred.get(node, (0, 0.0))[0] + 1, time.monotonic())
             log.warning("node %d cannot take part: %s", node, last_line(reply.error.reason))
             self.failures[node] = last_line(reply.error.reason)
             history.failed(server_round, node, reply.error.reason or "?")
@@ -243,6 +249,7 @@ class SourceDirectory:
             history.failed(server_round, node, self.failures[node])
             return
         self.failures.pop(node, None)
+        self.erred.pop(node, None)
         self.node_sources[node] = [str(s) for s in sources]
         for source in [
             s for s, n in self.owner.items() if n == node and s not in self.node_sources[node]

@@ -253,3 +253,20 @@ def test_a_fresh_run_waits_for_every_node_it_asked_not_just_the_first_to_answer(
     grid = SlowGrid(directory_app({1: ["de"], 2: ["fr"]}), delay_s=1.0)
     directory = SourceDirectory(run_id="r", min_nodes=2, wait_s=30, query_timeout_s=600)
     assert directory.wait(grid, 0, _history()) == {"de": 1, "fr": 2}
+
+
+def test_a_node_away_when_first_asked_is_asked_again_within_the_wait() -> None:
+    served: dict[int, list[str]] = {1: ["de"]}  # node 2 answers an error while it is away
+    app = directory_app(served)
+
+    def returning(msg, context):
+        reply = app(msg, context)
+        served[2] = ["fr"]  # back after its first answer
+        return reply
+
+    grid = LocalGrid(returning, [{}, {}], {})
+    directory = SourceDirectory(
+        run_id="r", min_nodes=2, wait_s=30, query_timeout_s=600, reask_after_s=0.5
+    )
+    owners = directory.wait(grid, 0, _history(), expected=frozenset({"de", "fr"}))
+    assert owners == {"de": 1, "fr": 2}
