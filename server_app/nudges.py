@@ -73,10 +73,14 @@ class Nudges:
         if not nodes:
             return
         config = ConfigRecord({keys.RUN_ID: self.run_id})
-        grid.push_messages(  # their replies are never pulled: they expire in the SuperLink
+        nudges = [  # a list: Flower's grids read what they are given more than once
             Message(
                 RecordDict({keys.CONFIG: config}), dst_node_id=n, message_type=MessageType.QUERY
             )
             for n in sorted(nodes)
-        )
+        ]
         self.nudged |= nodes
+        try:  # their replies are never pulled: they expire in the SuperLink
+            grid.push_messages(nudges)
+        except Exception as exc:  # a nudge only speeds a reply up: it must not end a round
+            log.warning("could not nudge node(s) %s: %s", sorted(nodes), exc)

@@ -30,6 +30,7 @@ class BehindGrid:
         self.pushed: list[tuple[int, str]] = []  # (node, message type)
 
     def push_messages(self, messages: Iterable[Message]) -> list[str]:
+        assert isinstance(messages, list), "Flower's HTTP grid reads its argument twice"
         ids = []
         for msg in messages:
             node = msg.metadata.dst_node_id
@@ -89,3 +90,14 @@ def test_a_node_that_is_only_slow_is_not_nudged_before_twice_the_others_wait() -
     time.sleep(0.25)
     nudges.waiting(grid, {2}, any_reply=True)
     assert grid.pushed == [(2, "query")]
+
+
+class RefusingGrid(BehindGrid):
+    def push_messages(self, messages: Iterable[Message]) -> list[str]:
+        raise RuntimeError("500 Internal Server Error")
+
+
+def test_a_nudge_the_superlink_refuses_does_not_end_the_round() -> None:
+    nudges = Nudges("run", behind={2}, after_s=0.0)
+    nudges.pushed(RefusingGrid(set()), {1, 2})
+    assert nudges.nudged == {2}, "tried once, not again this exchange"
