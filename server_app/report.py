@@ -108,12 +108,19 @@ class RunReport:
         self.trackers.log(line)
         total = self.cfg.num_server_rounds
         eta = f"{wall_s / server_round * (total - server_round):.0f} s" if server_round else "–"
-        per_source = ", ".join(f"{s} {m['val_bpb']:.3f}" for s, m in line["sources"].items())
+        if math.isnan(line["avg_val_bpb"]):  # not evaluated this round: say what trained
+            what, value, metric = "train loss", "train_loss", "avg train loss"
+        else:
+            what, value, metric = "val bpb", "val_bpb", "avg val bpb"
+        rows = {s: m[value] for s, m in line["sources"].items() if not math.isnan(m[value])}
+        mean = sum(rows.values()) / len(rows) if rows else math.nan
+        per_source = ", ".join(f"{s} {v:.3f}" for s, v in rows.items()) or f"no {what}"
         log.info(
-            "round %d/%d done: avg val bpb %.4f [%s]; %.0f s elapsed, ETA %s",
+            "round %d/%d done: %s %.4f [%s]; %.0f s elapsed, ETA %s",
             server_round,
             total,
-            line["avg_val_bpb"],
+            metric,
+            line["avg_val_bpb"] if what == "val bpb" else mean,
             per_source,
             wall_s,
             eta,

@@ -167,3 +167,19 @@ def test_drift_eval_off_writes_no_drift_and_scores_nothing_more(
     assert all(set(n) == {"theta"} for n in lines[1]["update_norms"].values()), "spec: θ only"
     assert summary["diagnostics"]["mean_drift"] is None
     assert not (out / "drift.png").exists() and not (out / "interference.png").exists()
+
+
+def test_a_round_without_evaluation_logs_its_training_loss_not_nan(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    sources = synthetic_sources(tmp_path, "latin", "greek")
+    run_config = debug_run_config(
+        tmp_path, **{"sources-file": str(sources), "num-server-rounds": 3, "fraction-evaluate": 0.0}
+    )
+    nodes = [{"partition-id": i, "num-partitions": 2} for i in range(2)]
+    with caplog.at_level("INFO", logger="server_app.report"):
+        run_federation(LocalGrid(client_app, nodes, run_config), run_config)
+    done = [r.getMessage() for r in caplog.records if " done: " in r.getMessage()]
+    assert len(done) == 4 and not any("nan" in line for line in done), done
+    assert "avg val bpb" in done[0] and "avg val bpb" in done[3], "before and after the run"
+    assert "avg train loss" in done[1] and "synth-latin" in done[1]
