@@ -89,8 +89,29 @@ def _holder() -> dict[str, Any]:
         "pid": os.getpid(),
         "host": socket.gethostname(),
         "since": time.strftime("%Y-%m-%d %H:%M:%S"),
-        "command": " ".join(sys.argv)[:300],
+        "command": " ".join(redacted(sys.argv))[:300],
     }
+
+
+SECRET_FLAGS = ("token", "secret", "password")  # a flag naming one has its value hidden
+
+
+def redacted(argv: list[str]) -> list[str]:
+    """``argv`` with the values of secret-bearing flags hidden: the lock file and the
+    "stale lock" warning show a holder's command, and Flower starts its apps with
+    ``--token <run token>``."""
+    out, hide = [], False
+    for arg in argv:
+        flag, eq, _ = arg.partition("=")
+        secret = flag.startswith("-") and any(word in flag.lower() for word in SECRET_FLAGS)
+        if hide:
+            out.append("***")
+        elif secret and eq:
+            out.append(f"{flag}=***")
+        else:
+            out.append(arg)
+        hide = secret and not eq
+    return out
 
 
 def _describe(holder: dict[str, Any]) -> str:

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from dept.config import ConfigError
-from dept.lock import LOCK_FILE, FolderInUse, check_folder_free, exclusive_folder
+from dept.lock import LOCK_FILE, FolderInUse, check_folder_free, exclusive_folder, redacted
 from tests.helpers import held_elsewhere
 
 
@@ -41,3 +41,14 @@ def test_a_folder_that_cannot_be_made_is_named_with_its_key(tmp_path: Path) -> N
         check_folder_free(afile)
     with pytest.raises(ConfigError, match="config key 'output-dir': cannot use"):
         check_folder_free(afile / "below")
+
+
+def test_the_holders_command_keeps_no_token_or_secret(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    argv = ["flwr-serverapp", "--token", "a88a0bf2", "--run-config", "x=1", "--auth-secret=s3"]
+    monkeypatch.setattr("sys.argv", argv)
+    with exclusive_folder(tmp_path):
+        command = json.loads((tmp_path / LOCK_FILE).read_text())["command"]
+    assert command == "flwr-serverapp --token *** --run-config x=1 --auth-secret=***"
+    assert redacted(["a", "--password"]) == ["a", "--password"]
