@@ -15,12 +15,12 @@ import logging
 import shutil
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from flwr.app import ArrayRecord, ConfigRecord
+from flwr.app import ArrayRecord, ConfigRecord, Message
 from flwr.serverapp import Grid
 
 from dept.budget import Device, check_server_fits
@@ -126,12 +126,13 @@ def _rounds(
     started = time.monotonic() - strategy.elapsed_s()  # a resumed run's clock goes on
     shared = strategy.shared_tensors()  # serialised once per round, sent to all
     nudges = Nudges(strategy.run_id, strategy.directory.behind)
+    exchanges = _Exchanges(grid, strategy, cfg.round_timeout_s, nudges)
     for server_round in range(done + 1, cfg.num_server_rounds + 1):
         if server_round > 0:
-            shared = _train(grid, strategy, cfg, server_round, shared, nudges)
+            shared = exchanges.train(server_round, shared)
         if server_round == 1 and (why := strategy.why_nothing_trained(1)) is not None:
             raise RuntimeError(f"no source could train in round 1: {why}")
-        _evaluate(grid, strategy, cfg, server_round, shared, nudges)
+        exchanges.evaluate(server_round, shared)
         strategy.round_ended(server_round, time.monotonic() - started)
         report.round_done(strategy.history, server_round)
         tensors, state = strategy.state_dict()
@@ -206,30 +207,26 @@ def _build_strategy(cfg: DeptConfig, run_id: str) -> DeptStrategy:
     )
 
 
-def _train(
-    grid: Grid,
-    strategy: DeptStrategy,
-    cfg: DeptConfig,
-    server_round: int,
-    shared: ArrayRecord,
-    nudges: Nudges,
-) -> ArrayRecord:
-    """Train one round from ``shared``; the shared tensors after it (as the strategy's
-    aggregate serialised them, or ``shared`` itself when the round changed nothing)."""
-    messages = strategy.configure_train(server_round, shared, ConfigRecord(), grid)
-    replies = replies_as_they_arrive(grid, messages, cfg.round_timeout_s, nudges=nudges)
-    updated, _ = strategy.aggregate_train(server_round, replies)  # each added, then dropped
-    return updated if updated is not None else shared
+@dataclass(frozen=True)
+class _Exchanges:
+    """A round's two exchanges with the nodes: one grid, one reply timeout, one set of
+    nudges for nodes that hold a reply back (:mod:`server_app.nudges`)."""
 
+    grid: Grid
+    strategy: DeptStrategy
+    timeout_s: float
+    nudges: Nudges
 
-def _evaluate(
-    grid: Grid,
-    strategy: DeptStrategy,
-    cfg: DeptConfig,
-    server_round: int,
-    shared: ArrayRecord,
-    nudges: Nudges,
-) -> None:
-    messages = strategy.configure_evaluate(server_round, shared, ConfigRecord(), grid)
-    replies = replies_as_they_arrive(grid, messages, cfg.round_timeout_s, nudges=nudges)
-    strategy.aggregate_evaluate(server_round, replies)
+    def train(self, server_round: int, shared: ArrayRecord) -> ArrayRecord:
+        """Train one round from ``shared``; the shared tensors after it (as the strategy's
+        aggregate serialised them, or ``shared`` itself when the round changed nothing)."""
+        messages = self.strategy.configure_train(server_round, shared, ConfigRecord(), self.grid)
+        updated, _ = self.strategy.aggregate_train(server_round, self._replies(messages))
+        return updated if updated is not None else shared  # each reply added, then dropped
+
+    def evaluate(self, server_round: int, shared: ArrayRecord) -> None:
+        messages = self.strategy.configure_evaluate(server_round, shared, ConfigRecord(), self.grid)
+        self.strategy.aggregate_evaluate(server_round, self._replies(messages))
+
+    def _replies(self, messages: Iterable[Message]) -> Iterator[Message]:
+        return replies_as_they_arrive(self.grid, messages, self.timeout_s, nudges=self.nudges)
