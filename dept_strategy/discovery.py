@@ -25,12 +25,13 @@ from __future__ import annotations
 import logging
 import time
 
-from flwr.app import ConfigRecord, Message, MessageType, RecordDict
+from flwr.app import ConfigRecord, Message
 from flwr.serverapp import Grid
 
 from dept import keys
 from dept_strategy.history import RunHistory
 from dept_strategy.identity import fingerprint, node_keys
+from dept_strategy.queries import query
 from dept_strategy.validation import last_line
 
 log = logging.getLogger(__name__)
@@ -202,12 +203,7 @@ class SourceDirectory:
 
     def _ask(self, grid: Grid, nodes: list[int]) -> None:
         config = ConfigRecord({keys.RUN_ID: self.run_id})
-        messages = [
-            Message(
-                RecordDict({keys.CONFIG: config}), dst_node_id=node, message_type=MessageType.QUERY
-            )
-            for node in nodes
-        ]
+        messages = [query(node, config) for node in nodes]
         now = time.monotonic()
         for node, message_id in zip(nodes, grid.push_messages(messages), strict=True):
             self.pending[message_id] = node

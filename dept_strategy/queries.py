@@ -12,6 +12,13 @@ from dept import keys
 from dept_strategy.inflight import InFlight, Target
 
 
+def query(node: int, config: ConfigRecord) -> Message:
+    """A ``query`` message for ``node`` carrying ``config``."""
+    return Message(
+        RecordDict({keys.CONFIG: config}), dst_node_id=node, message_type=MessageType.QUERY
+    )
+
+
 def send_queries(
     grid: Grid, queries: list[tuple[Target, ConfigRecord]], timeout_s: float
 ) -> tuple[list[tuple[Target | None, Message]], list[Target]]:
@@ -21,11 +28,7 @@ def send_queries(
     in_flight = InFlight()  # credits a reply the SuperLink made (node gone) to its node
     messages = []
     for target, config in queries:
-        message = Message(
-            RecordDict({keys.CONFIG: config}),
-            dst_node_id=target.node,
-            message_type=MessageType.QUERY,
-        )
+        message = query(target.node, config)
         in_flight.track(message, target)
         messages.append(message)
     replies = list(grid.send_and_receive(messages, timeout=timeout_s))

@@ -19,10 +19,11 @@ from __future__ import annotations
 import logging
 import time
 
-from flwr.app import ConfigRecord, Message, MessageType, RecordDict
+from flwr.app import ConfigRecord
 from flwr.serverapp import Grid
 
 from dept import keys
+from dept_strategy.queries import query
 
 log = logging.getLogger(__name__)
 NUDGE_AFTER_S = 60.0  # the least silence before a node is nudged
@@ -73,12 +74,8 @@ class Nudges:
         if not nodes:
             return
         config = ConfigRecord({keys.RUN_ID: self.run_id})
-        nudges = [  # a list: Flower's grids read what they are given more than once
-            Message(
-                RecordDict({keys.CONFIG: config}), dst_node_id=n, message_type=MessageType.QUERY
-            )
-            for n in sorted(nodes)
-        ]
+        # a list: Flower's grids read what they are given more than once
+        nudges = [query(n, config) for n in sorted(nodes)]
         self.nudged |= nodes
         try:  # their replies are never pulled: they expire in the SuperLink
             grid.push_messages(nudges)
