@@ -24,14 +24,15 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass
 
-from flwr.app import ConfigRecord, Message
+from flwr.app import Message
 from flwr.serverapp import Grid
 
 from dept import keys
 from dept_strategy.history import RunHistory
 from dept_strategy.identity import fingerprint, node_keys
-from dept_strategy.queries import query
+from dept_strategy.queries import discovery_queries
 from dept_strategy.validation import last_line
 
 log = logging.getLogger(__name__)
@@ -43,6 +44,19 @@ POLL_S = 0.5
 def _same_key(keys_of: dict[int, bytes], a: int, b: int) -> bool:
     """Both nodes authenticated with one key: the same node, restarted under a new id."""
     return bool(keys_of.get(a)) and keys_of.get(a) == keys_of.get(b)
+
+
+@dataclass
+class NodeQueries:
+    """What asking one node has brought so far."""
+
+    asked_in_round: int = -1  # the round it was last asked in
+    unanswered: int = 0  # queries sent since its last answer
+    last_sent: float = 0.0
+    errors: int = 0  # error answers since its last good one
+    last_error: float = 0.0
+    failure: str = ""  # why it could not (yet) say what it serves
+    silent: bool = False  # the failure is queries gone unanswered
 
 
 class NotEnoughNodes(RuntimeError):
@@ -71,15 +85,11 @@ class SourceDirectory:
         self.reask_after_s = reask_after_s
         self.pinned = pinned or {}
         self.node_sources: dict[int, list[str]] = {}  # in the order nodes first answered
-        self.asked_in_round: dict[int, int] = {}  # node -> the round it was last asked
+        self.queries: dict[int, NodeQueries] = {}  # node -> what asking it brought
         self.pending: dict[str, int] = {}  # query message id -> the node it asks
-        self.asks: dict[int, tuple[int, float]] = {}  # node -> (unanswered asks, last sent)
-        self.silent: dict[int, str] = {}  # node -> how long its query has gone unanswered
         # nodes that answered only once asked again: Flower's SuperNode may be holding a
         # reply back there (server_app/nudges.py, which nudges them)
         self.behind: set[int] = set()
-        self.erred: dict[int, tuple[int, float]] = {}  # node -> (error answers, the last when)
-        self.failures: dict[int, str] = {}  # node -> why it could not say what it serves
         self.owner: dict[str, int] = {}  # source -> the node serving it
         self.refused: set[tuple[str, int]] = set()  # (source, node) conflicts already reported
         self.conflicts: list[dict[str, str]] = []  # what was refused, for the run's report
@@ -99,17 +109,16 @@ class SourceDirectory:
             for n in sorted(connected - self.node_sources.keys())
             if self._due(n, now, server_round)
         ]
-        first = [n for n in due if n not in self.asks]
+        first = [n for n in due if not self._of(n).unanswered]
         for node in due:
             self._note_silence(node, now, server_round, history)
         if due:
-            self._ask(grid, due)
-            self.asked_in_round.update(dict.fromkeys(due, server_round))
+            self._ask(grid, due, server_round)
         patience = self.query_timeout_s if patience_s is None else patience_s
         deadline = time.monotonic() + patience
         while True:
             self._collect(grid, server_round, history)
-            if not any(n in self.asks for n in first) or time.monotonic() >= deadline:
+            if not any(self.queries[n].unanswered for n in first) or time.monotonic() >= deadline:
                 break
             time.sleep(min(POLL_S, max(0.0, deadline - time.monotonic())))
         keys_of = node_keys(grid)  # empty where nodes do not authenticate
@@ -182,32 +191,41 @@ class SourceDirectory:
         """Ask ``node`` now: its query is overdue, or it has none pending and was not asked
         this round; a node that answered an error is asked again the next round, or within
         the round on the same backoff (it may have been away: "Node Unavailable")."""
-        unanswered, sent = self.asks.get(node, (0, 0.0))
-        if unanswered:
-            return now - sent >= self.reask_after_s * 2 ** (unanswered - 1)
-        if self.asked_in_round.get(node) != server_round:
+        state = self._of(node)
+        if state.unanswered:
+            return now - state.last_sent >= self.reask_after_s * 2 ** (state.unanswered - 1)
+        if state.asked_in_round != server_round:
             return True
-        errors, at = self.erred.get(node, (0, now))
-        return bool(errors) and now - at >= self.reask_after_s * 2 ** (errors - 1)
+        return bool(state.errors) and (
+            now - state.last_error >= self.reask_after_s * 2 ** (state.errors - 1)
+        )
 
     def _note_silence(self, node: int, now: float, server_round: int, history: RunHistory) -> None:
         """An overdue query: logged and written down before the node is asked again."""
-        unanswered, sent = self.asks.get(node, (0, now))
-        if not unanswered:
+        state = self._of(node)
+        if not state.unanswered:
             return
-        self.silent[node] = f"no answer to {unanswered} query(ies), the last {now - sent:.0f} s ago"
-        self.failures[node] = self.silent[node]
-        why = f"did not say which sources it serves: {self.silent[node]}"
+        ago = now - state.last_sent
+        state.failure = f"no answer to {state.unanswered} query(ies), the last {ago:.0f} s ago"
+        state.silent = True
+        why = f"did not say which sources it serves: {state.failure}"
         log.warning("node %d %s; asking again", node, why)
         history.failed(server_round, node, why)
 
-    def _ask(self, grid: Grid, nodes: list[int]) -> None:
-        config = ConfigRecord({keys.RUN_ID: self.run_id})
-        messages = [query(node, config) for node in nodes]
+    def _of(self, node: int) -> NodeQueries:
+        return self.queries.setdefault(node, NodeQueries())
+
+    def _ask(self, grid: Grid, nodes: list[int], server_round: int) -> None:
+        messages = discovery_queries(nodes, self.run_id)
         now = time.monotonic()
         for node, message_id in zip(nodes, grid.push_messages(messages), strict=True):
             self.pending[message_id] = node
-            self.asks[node] = (self.asks.get(node, (0, now))[0] + 1, now)
+            state = self._of(node)
+            state.asked_in_round, state.unanswered, state.last_sent = (
+                server_round,
+                state.unanswered + 1,
+                now,
+            )
 
     def _collect(self, grid: Grid, server_round: int, history: RunHistory) -> None:
         """Learn from every reply that came for a pending query, in the order they came."""
@@ -219,10 +237,10 @@ class SourceDirectory:
                 continue
             for message_id in [m for m, n in self.pending.items() if n == node]:
                 del self.pending[message_id]  # its other asks are answered by this one
-            if self.asks.get(node, (0, 0.0))[0] > 1:
+            state = self._of(node)
+            if state.unanswered > 1:
                 self.behind.add(node)
-            self.asks.pop(node, None)
-            self.silent.pop(node, None)
+            state.unanswered, state.silent = 0, False
             self._learn(node, reply, server_round, history)
 
     def forget(self, node: int) -> None:
@@ -232,20 +250,20 @@ class SourceDirectory:
         self.node_sources.pop(node, None)
 
     def _learn(self, node: int, reply: Message, server_round: int, history: RunHistory) -> None:
+        state = self._of(node)
         if reply.has_error():
-            self.erred[node] = (self.erred.get(node, (0, 0.0))[0] + 1, time.monotonic())
-            log.warning("node %d cannot take part: %s", node, last_line(reply.error.reason))
-            self.failures[node] = last_line(reply.error.reason)
+            state.errors, state.last_error = state.errors + 1, time.monotonic()
+            state.failure = last_line(reply.error.reason)
+            log.warning("node %d cannot take part: %s", node, state.failure)
             history.failed(server_round, node, reply.error.reason or "?")
             return
         info = reply.content.config_records.get(keys.INFO)
         sources = info.get(keys.SOURCES) if info is not None else None
         if not isinstance(sources, list):
-            self.failures[node] = f"query reply lacks '{keys.SOURCES}'"
-            history.failed(server_round, node, self.failures[node])
+            state.failure = f"query reply lacks '{keys.SOURCES}'"
+            history.failed(server_round, node, state.failure)
             return
-        self.failures.pop(node, None)
-        self.erred.pop(node, None)
+        state.failure, state.errors = "", 0
         self.node_sources[node] = [str(s) for s in sources]
         for source in [
             s for s, n in self.owner.items() if n == node and s not in self.node_sources[node]
@@ -284,7 +302,8 @@ class SourceDirectory:
             if owners and expected <= owners.keys():
                 return owners
             idle = {n for n, served in self.node_sources.items() if not served}
-            hopeless = enough and nodes <= (self.failures.keys() - self.silent.keys()) | idle
+            failed = {n for n, q in self.queries.items() if q.failure and not q.silent}
+            hopeless = enough and nodes <= failed | idle
             if hopeless and time.monotonic() - stable_since >= grace:
                 raise NotEnoughNodes(f"no connected node can serve a source: {self._reasons()}")
             if time.monotonic() >= deadline and owners:
@@ -308,4 +327,6 @@ class SourceDirectory:
             time.sleep(POLL_S)
 
     def _reasons(self) -> str:
-        return "; ".join(f"node {n}: {r}" for n, r in sorted(self.failures.items()))
+        return "; ".join(
+            f"node {n}: {q.failure}" for n, q in sorted(self.queries.items()) if q.failure
+        )

@@ -19,6 +19,13 @@ def query(node: int, config: ConfigRecord) -> Message:
     )
 
 
+def discovery_queries(nodes: list[int], run_id: str) -> list[Message]:
+    """One "which sources do you serve in run ``run_id``" query per node, in a list (Flower's
+    grids read what they are given more than once)."""
+    config = ConfigRecord({keys.RUN_ID: run_id})
+    return [query(node, config) for node in nodes]
+
+
 def send_queries(
     grid: Grid, queries: list[tuple[Target, ConfigRecord]], timeout_s: float
 ) -> tuple[list[tuple[Target | None, Message]], list[Target]]:

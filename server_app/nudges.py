@@ -19,11 +19,9 @@ from __future__ import annotations
 import logging
 import time
 
-from flwr.app import ConfigRecord
 from flwr.serverapp import Grid
 
-from dept import keys
-from dept_strategy.queries import query
+from dept_strategy.queries import discovery_queries
 
 log = logging.getLogger(__name__)
 NUDGE_AFTER_S = 60.0  # the least silence before a node is nudged
@@ -73,9 +71,7 @@ class Nudges:
     def _nudge(self, grid: Grid, nodes: set[int]) -> None:
         if not nodes:
             return
-        config = ConfigRecord({keys.RUN_ID: self.run_id})
-        # a list: Flower's grids read what they are given more than once
-        nudges = [query(n, config) for n in sorted(nodes)]
+        nudges = discovery_queries(sorted(nodes), self.run_id)
         self.nudged |= nodes
         try:  # their replies are never pulled: they expire in the SuperLink
             grid.push_messages(nudges)
