@@ -3,9 +3,10 @@ layers, each synchronised on its own staggered schedule.
 
 Fragment f of ``count`` syncs in the rounds r with (r + offset_f) % period == 0, offsets
 spread evenly over the period (:func:`offsets`), so every round syncs about count / period
-fragments and each fragment syncs every ``period`` rounds. Between its syncs a fragment
-keeps its local progress on the node; at a sync the source sends Δ_f = base_f − local_f,
-against the global value of f it last received (base_f), and the server steps f alone.
+fragments and each fragment syncs every ``period`` rounds; the run's last round syncs them
+all. Between its syncs a fragment keeps its local progress on the node; at a sync the
+source sends Δ_f = base_f − local_f, against the global value of f it last received
+(base_f), and the server steps f alone.
 
 Each global fragment has a version: the round its value last changed on the server (0 for
 the initial body). A node keeps its local body, the bases and their versions in its round
@@ -46,12 +47,14 @@ def offsets(count: int, period: int) -> tuple[int, ...]:
     return tuple(f * period // count for f in range(count))
 
 
-def syncing(server_round: int, count: int, period: int) -> tuple[int, ...]:
-    """The fragments synchronised in ``server_round`` (ascending)."""
+def syncing(server_round: int, count: int, period: int, last_round: int = 0) -> tuple[int, ...]:
+    """The fragments synchronised in ``server_round`` (ascending): all of them in
+    ``last_round``, so the body a run ends with holds every source's last steps in every
+    fragment rather than fragments up to ``period`` − 1 rounds stale."""
     return tuple(
         f
         for f, offset in enumerate(offsets(count, period))
-        if (server_round + offset) % period == 0
+        if (server_round + offset) % period == 0 or server_round == last_round
     )
 
 

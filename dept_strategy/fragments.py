@@ -24,18 +24,21 @@ from dept.fragments import FragmentPlan, partition, syncing
 
 class FragmentBook:
     """Versions of the ``count`` fragments of ``body`` (tensor names) and what each source
-    holds; a fragment syncs every ``period`` rounds."""
+    holds; a fragment syncs every ``period`` rounds, and all of them in ``last_round``."""
 
-    def __init__(self, body: list[str], *, count: int, period: int) -> None:
+    def __init__(self, body: list[str], *, count: int, period: int, last_round: int = 0) -> None:
         if not 1 <= period <= count:
             raise ValueError(f"'fragment-period' is {period}; expected 1..{count} (fragments)")
-        self.count, self.period = count, period
+        self.count, self.period, self.last_round = count, period, last_round
         self.parts = partition(body, count)
         self.versions = [0] * count  # the round each global fragment last changed
         self.held: dict[str, list[int]] = {}  # source → versions after its last accepted round
 
     def plan(self, server_round: int) -> FragmentPlan:
-        return FragmentPlan(tuple(self.versions), syncing(server_round, self.count, self.period))
+        return FragmentPlan(tuple(self.versions), self._syncing(server_round))
+
+    def _syncing(self, server_round: int) -> tuple[int, ...]:
+        return syncing(server_round, self.count, self.period, self.last_round)
 
     def configure(self, config: ConfigRecord, server_round: int) -> None:
         """Put the round's plan into a train message's config."""
@@ -45,7 +48,7 @@ class FragmentBook:
 
     def round_names(self, server_round: int) -> set[str]:
         """Body tensors whose Δ the replies of ``server_round`` carry."""
-        sync = set(syncing(server_round, self.count, self.period))
+        sync = set(self._syncing(server_round))
         return {n for n, f in self.parts.items() if f in sync}
 
     def unsent(self, source: str) -> set[str]:
@@ -57,7 +60,7 @@ class FragmentBook:
 
     def stepped(self, server_round: int) -> None:
         """The outer step of ``server_round`` changed its synced fragments."""
-        for fragment in syncing(server_round, self.count, self.period):
+        for fragment in self._syncing(server_round):
             self.versions[fragment] = server_round
 
     def took(self, source: str, versions: list[int]) -> None:

@@ -134,7 +134,9 @@ class DeptStrategy(Strategy):
         body = [n for n in self.shapes if n not in embedding_names]
         self.history = RunHistory(sum(int(np.prod(self.shapes[n])) for n in body), local_steps)
         self.fragments = (
-            FragmentBook(body, count=fragments, period=fragment_period) if fragments > 1 else None
+            FragmentBook(body, count=fragments, period=fragment_period, last_round=num_rounds)
+            if fragments > 1
+            else None
         )
 
     def _vocabularies(self, timeout_s: float) -> SourceVocabularies | None:

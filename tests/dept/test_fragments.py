@@ -53,6 +53,12 @@ def test_every_fragment_syncs_every_period_rounds_and_every_round_syncs(
     assert offsets(4, 2) == (0, 0, 1, 1)
 
 
+def test_the_last_round_syncs_every_fragment() -> None:
+    assert syncing(6, 4, 4) == (2,)
+    assert syncing(6, 4, 4, last_round=6) == (0, 1, 2, 3)
+    assert syncing(5, 4, 4, last_round=6) == syncing(5, 4, 4)
+
+
 def _tensors(value: float) -> dict[str, torch.Tensor]:
     return {n: torch.full((2,), value) for n in BODY}
 
