@@ -27,8 +27,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+from flwr.common.config import parse_config_args
+
+from dept.cli_help import add_run_config_option
 from dept.compression import TOPK_DENSITY
-from dept.config import DeptConfig, load_config, resolve_path, to_run_config
+from dept.config import ConfigError, DeptConfig, load_config, resolve_path, to_run_config
 from dept.sources import SourceSpec, check_source_paths, load_sources, write_sources
 from dept_cli.in_process import federate_in_process
 from server_app.report import dumps
@@ -46,6 +49,15 @@ SETTINGS = {  # label: (compression, error feedback, topk density)
 }
 DEFAULT_SOURCES = "code-python,de-novels,ru-chekhov,zh-techdoc"
 QUICK_SOURCES = "synth-latin,synth-greek"
+# the run config keys each setting sets: -c may not set them for every run
+SETTING_KEYS = (
+    "compression",
+    "compression-error-feedback",
+    "topk-density",
+    "fragments",
+    "fragment-period",
+    "output-dir",
+)
 FRAGMENTS = "+frag-"  # "<setting>+frag-KxF": that setting with K fragments synced every F rounds
 
 
@@ -73,7 +85,11 @@ def pick_sources(args: argparse.Namespace) -> list[SourceSpec]:
 
 
 def base_config(args: argparse.Namespace, sources_file: Path, work: Path) -> DeptConfig:
-    """The settings every run shares; only the compression keys differ between runs."""
+    """The settings every run shares (the options, then ``-c``); only the compression keys
+    differ between runs."""
+    overrides = parse_config_args(args.run_config)
+    if taken := sorted(k for k in overrides if k in SETTING_KEYS):
+        raise ConfigError(f"-c {', '.join(taken)}: set by each --settings label, not for all")
     return load_config(
         {
             "sources-file": str(sources_file),
@@ -91,7 +107,8 @@ def base_config(args: argparse.Namespace, sources_file: Path, work: Path) -> Dep
             "device": args.device,
             "state-dir": str(work / "state"),
             "wait-for-nodes-s": 60.0,
-        }
+        },
+        overrides=overrides,
     )
 
 
@@ -158,9 +175,12 @@ def markdown(results: list[dict[str, Any]], base: DeptConfig, command: str) -> s
         "",
         f"{base.variant}, model {base.model}, {len(ref['sources'])} sources, "
         f"{base.num_server_rounds} rounds x {base.local_steps} local steps (batch "
-        f"{base.batch_size} x {base.seq_len} tokens), lr {base.lr:g}, seed {base.seed}; every "
-        "source trains every round. Bytes up: the replies' payloads (ArrayRecord bytes); "
-        "bytes down: the train messages' (θ as float32; with fragments only what changed).",
+        f"{base.batch_size} x {base.seq_len} tokens), lr {base.lr:g}, weight decay "
+        f"{base.weight_decay:g}, inner optimizer {'kept' if base.keep_inner_optimizer else 'reset'}"
+        f" across rounds, outer {base.outer_optimizer} (lr {base.outer_lr:g}, momentum "
+        f"{base.outer_momentum:g}), seed {base.seed}; every source trains every round; with "
+        "fragments the last round syncs them all. Bytes up: the replies' payloads (ArrayRecord "
+        "bytes); bytes down: the train messages' (θ as float32; with fragments only what changed).",
         "",
         "| setting | bytes up / round | bytes down / round | bytes up, total | x fewer up "
         "than none | x fewer down | reduction vs DDP (up + down) | avg val bpb | Δ bpb vs none "
@@ -285,6 +305,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--out", default="benchmarks/results/compression")
     parser.add_argument("--work", default="outputs/compression", help="runs and node state")
+    add_run_config_option(
+        parser,
+        "run config overrides for every run, as for dept run (e.g. \"outer-optimizer='nesterov' "
+        'outer-lr=0.7"); not the compression or fragment keys the settings vary',
+    )
     parser.add_argument(
         "--quick", action="store_true", help="debug model, 2 synthetic sources, 2 short rounds"
     )

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks import compression
+from dept.config import ConfigError
 from tests.helpers import share_cache
 
 
@@ -45,28 +46,44 @@ def test_quick_run_compares_every_setting_against_none(tmp_path: Path, node_cach
 
 
 def test_fragment_settings_halve_the_bytes_each_way(tmp_path: Path, node_cache: Path) -> None:
-    # Prepare: the debug body's 2 layers as 2 fragments, one synced per round
+    # Prepare: the debug body's 2 layers as 2 fragments, one synced per round but the last;
+    # every run with a Nesterov outer step (-c)
     out = tmp_path / "out"
     share_cache(tmp_path / "work" / "state", node_cache)
     settings = "none,none+frag-2x2"
     # Execute
+    work = str(tmp_path / "work")
+    nesterov = "outer-optimizer='nesterov' outer-lr=0.7"
     compression.main(
-        ["--quick", "--settings", settings, "--out", str(out), "--work", str(tmp_path / "work")]
+        ["--quick", "--settings", settings, "--out", str(out), "--work", work, "-c", nesterov]
     )
-    # Assert: round 1 sends everyone the whole body, round 2 only the fragment round 1 changed
-    runs = {r["setting"]: r for r in json.loads((out / "compression.json").read_text())["runs"]}
+    # Assert: round 1 sends everyone the whole body and takes one fragment up; round 2, the
+    # last, sends only the fragment round 1 changed and takes both up
+    report = json.loads((out / "compression.json").read_text())
+    assert report["config"]["outer-optimizer"] == "nesterov"
+    runs = {r["setting"]: r for r in report["runs"]}
     whole, split = runs["none"], runs["none+frag-2x2"]
     assert split["fragments"] == 2 and split["fragment_period"] == 2
-    for way in ("up", "down"):
-        ratios = [
+    ratios = {
+        way: [
             s / w
             for s, w in zip(
                 split[f"bytes_{way}_per_round"], whole[f"bytes_{way}_per_round"], strict=True
             )
         ]
-        assert all(0.3 < r < 0.7 for r in ratios[way == "down" :]), (way, ratios)
-    assert split["bytes_down_per_round"][0] == whole["bytes_down_per_round"][0]
+        for way in ("up", "down")
+    }
+    assert 0.3 < ratios["up"][0] < 0.7 and ratios["up"][1] == 1, ratios
+    assert ratios["down"][0] == 1 and 0.3 < ratios["down"][1] < 0.7, ratios
+    assert "outer nesterov (lr 0.7" in (out / "compression.md").read_text()
     rows = (out / "compression.csv").read_text().splitlines()
     assert rows[0].startswith("setting,") and rows[2].startswith("none+frag-2x2,none,")
     with pytest.raises(ValueError, match="expected <setting>\\+frag-KxF"):
         compression.split_label("int8+frag-4")
+
+
+def test_run_config_overrides_may_not_set_what_the_settings_vary(tmp_path: Path) -> None:
+    where = ["--work", str(tmp_path / "work"), "--out", str(tmp_path / "out")]
+    with pytest.raises(ConfigError, match="-c compression, fragments: set by each --settings"):
+        compression.main(["--quick", *where, "-c", "compression='int8' fragments=2"])
+    assert not (tmp_path / "out" / "compression.md").exists()
