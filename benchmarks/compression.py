@@ -3,10 +3,10 @@
     python -m benchmarks.compression
 
 runs one federation per setting — compression ``none``, ``fp16``, ``int8``, ``int8`` without
-error feedback, ``int4``, ``int2`` and ``topk`` at densities 0.1 and 0.01, and any of them with
-partial synchronisation (``<setting>+frag-KxF``: ``fragments`` K, ``fragment-period`` F, e.g.
-``int8+frag-4x2``) — with everything else equal (sources, seed, model, schedule, variant),
-through the real ServerApp and ClientApp in process
+error feedback, ``int4``, ``int2``, ``ternary`` and ``topk`` at densities 0.1 and 0.01, and
+any of them with partial synchronisation (``<setting>+frag-KxF``: ``fragments`` K,
+``fragment-period`` F, e.g. ``int8+frag-4x2``) — with everything else equal (sources, seed,
+model, schedule, variant), through the real ServerApp and ClientApp in process
 (:func:`dept_cli.in_process.federate_in_process`), one after another in this process. Bytes
 are what the replies' and train messages' ArrayRecords hold (``summary.json`` ``comm``). Writes
 ``compression.md`` (the tables), ``compression.json`` (the same numbers, per round),
@@ -44,6 +44,7 @@ SETTINGS = {  # label: (compression, error feedback, topk density)
     "int8-no-ef": ("int8", False, TOPK_DENSITY),
     "int4": ("int4", True, TOPK_DENSITY),
     "int2": ("int2", True, TOPK_DENSITY),
+    "ternary": ("ternary", True, TOPK_DENSITY),
     "topk-0.1": ("topk", True, 0.1),
     "topk-0.01": ("topk", True, 0.01),
 }

@@ -5,14 +5,17 @@ round from it and an error there would not be fed back anywhere.
 
 - ``none``: float32, as computed.
 - ``fp16``: a cast; half the bytes, relative error ≤ 2^-11 in fp16's normal range.
-- ``int8``, ``int4``, ``int2``: each tensor, flattened, is cut into blocks of ``BLOCK`` values;
-  a block travels as codes q = round(x / s) in [-L, L] with one float32 scale s = max|x| / L
-  (L = 127, 7, 1), so no value is off by more than s / 2 and the block's largest is exact.
-  int8 codes are int8 shaped like the tensor; int4 and int2 codes are offset to q + L and
-  packed two or four to a uint8 byte (1-D). Per 1024 float32 values (4096 bytes): 1040,
-  528 and 272 bytes, about 3.9x, 7.8x and 15x fewer. int2 is ternary (q in {-1, 0, 1}):
-  symmetric with an exact zero, so a zero or tiny value costs no error, and the fourth
-  code (3) is never valid, which the receiver checks.
+- ``int8``, ``int4``, ``int2``, ``ternary``: each tensor, flattened, is cut into blocks of
+  ``BLOCK`` values; a block travels as codes q = round(x / s) in [-L, L] with one float32
+  scale s = max|x| / L (L = 127, 7, 1, 1), so no value is off by more than s / 2 and the
+  block's largest is exact. int8 codes are int8 shaped like the tensor; the others are
+  offset to q + L and packed into uint8 bytes (1-D) as the digits of a number in base 2L + 1
+  rounded up to a power of two (int4: two a byte, int2: four), or in base 3 (ternary: five
+  a byte, 3^5 = 243 ≤ 256, 1.6 bits a code). Per 1024 float32 values (4096 bytes): 1040,
+  528, 272 and 221 bytes, about 3.9x, 7.8x, 15x and 18.5x fewer. int2 and ternary send the
+  same codes q in {-1, 0, 1} (symmetric with an exact zero, so a zero or tiny value costs no
+  error) and decode to the same values; int2 wastes its fourth code (3), ternary packs
+  tighter. The receiver refuses an int2 code 3 and a ternary byte of 243 or more.
 - ``topk``: per tensor, the k = ceil(density · n) values largest in magnitude, as float16,
   and their flat indices (int32, ascending). 6 bytes per value kept: at density 0.01 about
   67x fewer bytes. Per tensor, not per block: the largest values of a layer cluster, and
@@ -39,8 +42,8 @@ SCALE_SUFFIX = "@scale"
 INDEX_SUFFIX = "@index"
 TOPK_DENSITY = 0.01  # the run config's default ``topk-density``
 INT8_MAX = 127
-LEVELS = {"int8": INT8_MAX, "int4": 7, "int2": 1}  # codes in [-L, L]
-PACKED_BITS = {"int4": 4, "int2": 2}  # code bits in a packed uint8 byte
+LEVELS = {"int8": INT8_MAX, "int4": 7, "int2": 1, "ternary": 1}  # codes in [-L, L]
+PACKING = {"int4": (16, 2), "int2": (4, 4), "ternary": (3, 5)}  # (base, codes a uint8 byte)
 
 
 class CompressionError(ValueError):
@@ -160,7 +163,7 @@ def _float16(name: str, value: torch.Tensor) -> torch.Tensor:
 
 def _quantise(value: torch.Tensor, kind: str) -> tuple[torch.Tensor, torch.Tensor]:
     """(codes, float32 scale per block): int8 codes shaped like ``value``, or the codes
-    + L packed into uint8 bytes (int4, int2)."""
+    + L packed into uint8 bytes (int4, int2, ternary)."""
     levels = LEVELS[kind]
     blocks = F.pad(value.detach().reshape(-1).float(), (0, -value.numel() % BLOCK))
     blocks = blocks.view(-1, BLOCK)  # (num_blocks, BLOCK), the last one zero-padded
@@ -170,21 +173,21 @@ def _quantise(value: torch.Tensor, kind: str) -> tuple[torch.Tensor, torch.Tenso
     flat = codes.reshape(-1)[: value.numel()]
     if kind == "int8":
         return flat.view(value.shape), scales
-    return _pack((flat + levels).to(torch.uint8), PACKED_BITS[kind]), scales
+    return _pack((flat + levels).to(torch.uint8), *PACKING[kind]), scales
 
 
-def _pack(codes: torch.Tensor, bits: int) -> torch.Tensor:
-    """Codes < 2**bits, 8 // bits to a byte, the first in the low bits: (ceil(n·bits/8),)."""
-    per_byte = 8 // bits
+def _pack(codes: torch.Tensor, base: int, per_byte: int) -> torch.Tensor:
+    """Codes < ``base``, ``per_byte`` to a byte as its base-``base`` digits, the first the
+    lowest: (ceil(n / per_byte),). For a power-of-two base, the first code in the low bits."""
     padded = F.pad(codes, (0, -codes.numel() % per_byte)).view(-1, per_byte).to(torch.int32)
-    shifts = torch.arange(per_byte, dtype=torch.int32) * bits
-    return (padded << shifts).sum(dim=1).to(torch.uint8)
+    places = base ** torch.arange(per_byte, dtype=torch.int32)
+    return (padded * places).sum(dim=1).to(torch.uint8)
 
 
-def _unpack(packed: np.ndarray, bits: int) -> np.ndarray:
-    """Every code the bytes hold, padding included: (bytes · 8 // bits,) uint8."""
-    shifts = np.arange(8 // bits, dtype=np.uint8) * bits
-    return ((packed[:, None] >> shifts) & ((1 << bits) - 1)).reshape(-1)
+def _unpack(packed: np.ndarray, base: int, per_byte: int) -> np.ndarray:
+    """Every code the bytes hold, padding included: (bytes · per_byte,) uint8."""
+    places = base ** np.arange(per_byte, dtype=np.int32)
+    return (packed[:, None].astype(np.int32) // places % base).astype(np.uint8).reshape(-1)
 
 
 def _dequantise(
@@ -194,9 +197,13 @@ def _dequantise(
     if kind == "int8":
         codes = _expect(arrays, name, np.dtype(np.int8), shape).reshape(-1)
     else:
-        bits = PACKED_BITS[kind]
-        packed = _expect(arrays, name, np.dtype(np.uint8), (-(-size * bits // 8),))
-        codes = _unpack(packed, bits).astype(np.int8) - np.int8(levels)
+        base, per_byte = PACKING[kind]
+        packed = _expect(arrays, name, np.dtype(np.uint8), (-(-size // per_byte),))
+        if packed.size and int(packed.max()) >= base**per_byte:
+            raise CompressionError(
+                f"'{name}' holds a byte >= {base**per_byte}, not {per_byte} base-{base} codes"
+            )
+        codes = _unpack(packed, base, per_byte).astype(np.int8) - np.int8(levels)
     if codes.size and (codes.min() < -levels or codes.max() > levels):
         raise CompressionError(f"'{name}' holds codes outside [-{levels}, {levels}]")
     num_blocks = -(-size // BLOCK)

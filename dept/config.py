@@ -34,7 +34,7 @@ from dept.variants import VARIANTS, VariantName
 
 # Choices whose code imports this module (dept.train, dept.compression), or is not the
 # core's (dept_strategy); named here so the config (and --help) loads without torch.
-CompressionName = Literal["none", "fp16", "int8", "int4", "int2", "topk"]  # Δ's trip up
+CompressionName = Literal["none", "fp16", "int8", "int4", "int2", "ternary", "topk"]  # Δ's trip up
 AggregationName = Literal["mean", "trimmed-mean", "median"]  # how a round's updates combine
 OutlierAction = Literal["clip", "reject"]  # what becomes of an update too large to be honest
 DataParallelName = Literal["ddp", "fsdp"]  # how a source with nproc > 1 splits its training
@@ -161,10 +161,11 @@ class DeptConfig:
     compression: CompressionName = doc(
         "none",
         "how each source sends its pseudo-gradient up: none (float32), fp16 (half the bytes), "
-        "int8 / int4 / int2 (codes in [-127, 127] / [-7, 7] / {-1, 0, 1}, int4 and int2 packed "
-        "2 and 4 to a byte, and one float32 scale per block of 256 values: about 3.9x / 7.8x / "
-        "15x fewer bytes), topk (per tensor the topk-density share of largest values, float16, "
-        "with int32 indices: 6 bytes a value kept); θ always goes down as float32",
+        "int8 / int4 / int2 / ternary (codes in [-127, 127] / [-7, 7] / {-1, 0, 1} / {-1, 0, 1}, "
+        "packed 1, 2, 4 and 5 to a byte, and one float32 scale per block of 256 values: about "
+        "3.9x / 7.8x / 15x / 18.5x fewer bytes; int2 and ternary decode alike), topk (per "
+        "tensor the topk-density share of largest values, float16, with int32 indices: 6 bytes "
+        "a value kept); θ always goes down as float32",
     )
     compression_error_feedback: bool = doc(
         True,

@@ -31,11 +31,14 @@ def test_quick_run_compares_every_setting_against_none(tmp_path: Path, node_cach
         "topk-0.1",
         "int4",
         "int2",
+        "ternary",
         "topk-0.01",
-    ]  # 1.02, 0.6, 0.52, 0.27, 0.06 B a value
+    ]  # 1.02, 0.6, 0.52, 0.27, 0.22, 0.06 B a value
     sizes = [runs[label]["bytes_up"] for label in order]
     assert sizes == sorted(sizes, reverse=True) and len(set(sizes)) == len(sizes)
     assert none / runs["int4"]["bytes_up"] > 6 and none / runs["topk-0.01"]["bytes_up"] > 20
+    # ternary decodes to int2's values: the same training, in fewer bytes
+    assert runs["ternary"]["avg_val_bpb"] == runs["int2"]["avg_val_bpb"]
     assert runs["topk-0.1"]["topk_density"] == 0.1 and runs["int4"]["topk_density"] is None
     for run in runs.values():
         assert run["dropped"] == 0 and run["avg_val_bpb"] < run["initial_avg_val_bpb"]

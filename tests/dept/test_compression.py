@@ -17,8 +17,8 @@ from dept.compression import (
 )
 
 SHAPES = {"w": (7, 37), "b": (BLOCK,), "odd": (BLOCK + 1,), "one": (1,)}
-LOSSY = ["fp16", "int8", "int4", "int2", "topk"]
-QUANTISED = list(LEVELS)  # int8, int4, int2
+LOSSY = ["fp16", "int8", "int4", "int2", "ternary", "topk"]
+QUANTISED = list(LEVELS)  # int8, int4, int2, ternary
 
 
 def _tensors(seed: int = 0, scale: float = 1e-2) -> dict[str, torch.Tensor]:
@@ -52,8 +52,8 @@ def test_block_codes_are_within_half_a_scale_of_every_value(kind: str) -> None:
         size = tensors[name].numel()
         if kind == "int8":
             assert codes.dtype == torch.int8 and codes.shape == shape
-        else:  # packed: two int4 or four int2 codes a byte
-            per_byte = 2 if kind == "int4" else 4
+        else:  # packed: two int4, four int2 or five ternary codes a byte
+            per_byte = {"int4": 2, "int2": 4, "ternary": 5}[kind]
             assert codes.dtype == torch.uint8 and codes.shape == (-(-size // per_byte),)
         assert scales.dtype == torch.float32 and scales.shape == (-(-size // BLOCK),)
         assert decoded[name].dtype == torch.float32 and decoded[name].shape == shape
@@ -73,6 +73,15 @@ def test_every_level_survives_the_packing(kind: str) -> None:
     assert value.numel() == BLOCK - 1
     decoded = decode(encode({"x": value}, kind), {"x": (BLOCK - 1,)}, kind)["x"]
     assert torch.equal(decoded, value), "scale 1 exactly: every code decodes to itself"
+
+
+def test_ternary_sends_int2s_codes_in_fewer_bytes() -> None:
+    tensors = _tensors()
+    int2, ternary = encode(tensors, "int2"), encode(tensors, "ternary")
+    assert all(torch.equal(int2[n + SCALE_SUFFIX], ternary[n + SCALE_SUFFIX]) for n in SHAPES)
+    assert all(ternary[n].numel() < int2[n].numel() for n in SHAPES if n != "one")
+    decoded = decode(int2, SHAPES, "int2"), decode(ternary, SHAPES, "ternary")
+    assert all(torch.equal(decoded[0][n], decoded[1][n]) for n in SHAPES)
 
 
 @pytest.mark.parametrize("kind", QUANTISED)
@@ -113,6 +122,7 @@ def test_topk_sends_the_largest_values_at_their_places() -> None:
         ("int8", 1.0, 1024 + 4 * 4),  # a code a value, a float32 scale per block of 256
         ("int4", 1.0, 512 + 4 * 4),
         ("int2", 1.0, 256 + 4 * 4),
+        ("ternary", 1.0, 205 + 4 * 4),  # ceil(1024 / 5) bytes
         ("topk", 0.1, 103 * (2 + 4)),  # ceil(102.4) float16 values + int32 indices
         ("topk", 0.01, 11 * (2 + 4)),
     ],
@@ -146,6 +156,8 @@ def test_none_passes_float32_through() -> None:
         ("int4", lambda p: p["w" + SCALE_SUFFIX].__setitem__(0, float("nan")), "finite scales"),
         ("int2", lambda p: p["b"].__setitem__(0, 0b11_01_01_01), r"codes outside \[-1, 1\]"),
         ("int2", lambda p: p.update(b=torch.cat([p["b"], p["b"][:1]])), r"shape \(65,\)"),
+        ("ternary", lambda p: p["b"].__setitem__(0, 255), "a byte >= 243, not 5 base-3 codes"),
+        ("ternary", lambda p: p.update(b=p["b"][:-1]), r"'b' has shape \(51,\)"),
         ("topk", lambda p: p["w" + INDEX_SUFFIX].__setitem__(-1, 7 * 37), r"outside \[0, 259\)"),
         ("topk", lambda p: p["w" + INDEX_SUFFIX].__setitem__(0, -1), "indices outside"),
         ("topk", lambda p: _repeat_first_index(p, "w"), "without duplicates"),
@@ -223,6 +235,7 @@ def test_a_residual_of_other_tensors_is_refused() -> None:
         ("int8", 0.01, 0.01),
         ("int4", 0.01, 0.2),
         ("int2", 0.01, 1.0),
+        ("ternary", 0.01, 1.0),
         ("topk", 0.1, 1 / 0.1),
         ("topk", 0.01, 1 / 0.01),
     ],

@@ -167,7 +167,7 @@ def test_every_compression_choice_encodes_and_decodes(kind: str) -> None:
 def test_choice_keys_show_their_choices() -> None:
     kinds = {k.key: k.kind for k in config_keys()}
     assert kinds["variant"] == "|".join(get_args(VariantName))
-    assert kinds["compression"] == "none|fp16|int8|int4|int2|topk"
+    assert kinds["compression"] == "none|fp16|int8|int4|int2|ternary|topk"
     assert kinds["device"] == "str"  # auto, cpu, cuda, cuda:N or mps: checked by pattern
 
 

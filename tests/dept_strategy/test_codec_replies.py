@@ -49,6 +49,10 @@ MALFORMED: dict[str, list[tuple[str, Callable[[Payload], None], str]]] = {
         ("long", _replace("b", lambda v: torch.cat([v, v])), "'b' has shape (2,), expected (1,)"),
         ("no-scale", lambda p: p.pop("a" + SCALE_SUFFIX), "missing ['a@scale']"),
     ],
+    "ternary": [
+        ("byte-243", _set("b", 0, 243), r"'b' holds a byte >= 243, not 5 base-3 codes"),
+        ("long", _replace("a", lambda v: torch.cat([v, v])), "'a' has shape (4,), expected (2,)"),
+    ],
     "topk": [
         ("out-of-range", _set("a" + INDEX_SUFFIX, -1, 6), "indices outside [0, 6)"),
         ("negative", _set("b" + INDEX_SUFFIX, 0, -1), "indices outside [0, 4)"),
