@@ -59,6 +59,7 @@ SETTING_KEYS = (
     "fragment-period",
     "output-dir",
 )
+SETTING_FILE = "setting.json"  # in a run's folder, once it finished: its config and result
 FRAGMENTS = "+frag-"  # "<setting>+frag-KxF": that setting with K fragments synced every F rounds
 
 
@@ -125,11 +126,12 @@ def prepare(base: DeptConfig, specs: list[SourceSpec]) -> None:
 
 
 def run_setting(base: DeptConfig, label: str, work: Path) -> dict[str, Any]:
-    """One federation with the setting ``label``; its bytes and bits per byte."""
+    """One federation with the setting ``label``; its bytes and bits per byte. A run that
+    finished before with the same run config (its ``SETTING_FILE``) is reused, so a stopped
+    benchmark goes on where it was when the same command runs again."""
     codec, fragments, period = split_label(label)
     compression, feedback, density = SETTINGS[codec]
     out_dir = work / "runs" / label
-    shutil.rmtree(out_dir, ignore_errors=True)  # a fresh run, not a resume of an old one
     config = {
         **to_run_config(base),
         "compression": compression,
@@ -139,13 +141,17 @@ def run_setting(base: DeptConfig, label: str, work: Path) -> dict[str, Any]:
         "fragment-period": period,
         "output-dir": str(out_dir),
     }
+    if (done := finished_setting(out_dir, config)) is not None:
+        log.info("%s: reusing the finished run in %s", label, out_dir)
+        return done
+    shutil.rmtree(out_dir, ignore_errors=True)  # a fresh run, not a resume of an old one
     started = time.perf_counter()
     out = federate_in_process(config)
     wall_s = time.perf_counter() - started
     summary = json.loads((out / "summary.json").read_text())
     rounds = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     comm = summary["comm"]
-    return {
+    result = {
         "setting": label,
         "compression": compression,
         "error_feedback": feedback,
@@ -164,6 +170,17 @@ def run_setting(base: DeptConfig, label: str, work: Path) -> dict[str, Any]:
         "curve": [[r["round"], r["avg_val_bpb"]] for r in rounds],
         "dropped": summary["rejected_updates"] + summary["failed_replies"],
     }
+    (out / SETTING_FILE).write_text(dumps({"config": config, "result": result}, indent=2))
+    return result
+
+
+def finished_setting(out_dir: Path, config: dict[str, Any]) -> dict[str, Any] | None:
+    """The result a run of this very ``config`` left in ``out_dir``, if it finished."""
+    try:
+        done = json.loads((out_dir / SETTING_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    return done["result"] if done["config"] == json.loads(dumps(config)) else None
 
 
 def markdown(results: list[dict[str, Any]], base: DeptConfig, command: str) -> str:

@@ -90,3 +90,23 @@ def test_run_config_overrides_may_not_set_what_the_settings_vary(tmp_path: Path)
     with pytest.raises(ConfigError, match="-c compression, fragments: set by each --settings"):
         compression.main(["--quick", *where, "-c", "compression='int8' fragments=2"])
     assert not (tmp_path / "out" / "compression.md").exists()
+
+
+def test_a_finished_setting_is_reused_and_a_changed_one_runs_again(
+    tmp_path: Path, node_cache: Path
+) -> None:
+    # Prepare: a finished run of none
+    share_cache(tmp_path / "work" / "state", node_cache)
+    where = ["--quick", "--work", str(tmp_path / "work"), "--out", str(tmp_path / "out")]
+
+    def none_run(*extra: str) -> dict:
+        compression.main([*where, "--settings", "none", *extra])
+        return json.loads((tmp_path / "out" / "compression.json").read_text())["runs"][0]
+
+    first = none_run()
+    # Execute: the same command again, then with another outer learning rate
+    again = none_run()
+    changed = none_run("-c", "outer-lr=0.5")
+    # Assert
+    assert again == first
+    assert changed["avg_val_bpb"] != first["avg_val_bpb"]  # trained again, with half steps
