@@ -42,7 +42,7 @@ def replies_as_they_arrive(
         waiting.difference_update(r.metadata.reply_to_message_id for r in batch)
         if nudges is not None:
             for reply in batch:
-                nudges.replied(node_of.get(reply.metadata.reply_to_message_id, -1))
+                nudges.replied(node_of[reply.metadata.reply_to_message_id])
         while batch:
             yield batch.pop(0)  # the batch lets go of each reply once it is handed over
         if not waiting or time.monotonic() >= deadline:

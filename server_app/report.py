@@ -108,19 +108,21 @@ class RunReport:
         self.trackers.log(line)
         total = self.cfg.num_server_rounds
         eta = f"{wall_s / server_round * (total - server_round):.0f} s" if server_round else "–"
-        if math.isnan(line["avg_val_bpb"]):  # not evaluated this round: say what trained
-            what, value, metric = "train loss", "train_loss", "avg train loss"
+        evaluated = not math.isnan(line["avg_val_bpb"])  # if not, say what trained
+        what = "val bpb" if evaluated else "train loss"
+        key = what.replace(" ", "_")
+        rows = {s: m[key] for s, m in line["sources"].items() if not math.isnan(m[key])}
+        if evaluated:
+            mean = line["avg_val_bpb"]
         else:
-            what, value, metric = "val bpb", "val_bpb", "avg val bpb"
-        rows = {s: m[value] for s, m in line["sources"].items() if not math.isnan(m[value])}
-        mean = sum(rows.values()) / len(rows) if rows else math.nan
+            mean = sum(rows.values()) / len(rows) if rows else math.nan
         per_source = ", ".join(f"{s} {v:.3f}" for s, v in rows.items()) or f"no {what}"
         log.info(
-            "round %d/%d done: %s %.4f [%s]; %.0f s elapsed, ETA %s",
+            "round %d/%d done: avg %s %.4f [%s]; %.0f s elapsed, ETA %s",
             server_round,
             total,
-            metric,
-            line["avg_val_bpb"] if what == "val bpb" else mean,
+            what,
+            mean,
             per_source,
             wall_s,
             eta,
