@@ -3,6 +3,7 @@ round time, its reply says so, and the server weighs it by the tokens it trained
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -15,6 +16,7 @@ from dept.config import ConfigError
 from server_app.federation import run_federation
 from server_app.local_grid import LocalGrid
 from tests.helpers import debug_run_config, synthetic_sources
+from tests.server_app.test_resume import CrashingGrid, ServerCrash
 
 SECONDS, DELAY = 1.5, 0.3
 NODES = [
@@ -103,3 +105,38 @@ def test_a_bad_budget_stops_the_run_before_any_message(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="'round-time-s' must be >= 0"):
         run_federation(grid, config)
     assert grid.trains == []
+
+
+class CrashingRecordingGrid(CrashingGrid, RecordingGrid):
+    """Keeps every train message and its reply, and dies once round ``crash_round`` trained."""
+
+
+def _first_body(grid: RecordingGrid, server_round: int) -> dict[str, np.ndarray]:
+    return next(
+        _arrays(m)
+        for m, _ in grid.trains
+        if m.content.config_records[keys.CONFIG][keys.SERVER_ROUND] == server_round
+    )
+
+
+def test_a_budgeted_run_killed_mid_run_resumes_from_its_checkpoint(
+    tmp_path: Path, node_cache: Path
+) -> None:
+    # Prepare: a budgeted 3-round run whose server dies once round 2 trained
+    config = _config(tmp_path, node_cache, **{"num-server-rounds": 3})
+    crashing = CrashingRecordingGrid(client_app, NODES, config, crash_round=2)
+    with pytest.raises(ServerCrash):
+        run_federation(crashing, config)
+    # Execute
+    resumed = RecordingGrid(client_app, NODES, {**config, "resume": True})
+    out = run_federation(resumed, {**config, "resume": True}).out_dir
+    # Assert: round 2 trains again from round 1's body, and the run ends
+    rounds = [m.content.config_records[keys.CONFIG][keys.SERVER_ROUND] for m, _ in resumed.trains]
+    assert rounds[0] == 2 and rounds[-1] == 3
+    before, after = _first_body(crashing, 2), _first_body(resumed, 2)
+    assert before.keys() == after.keys()
+    assert all(np.array_equal(before[n], after[n]) for n in before)
+    lines = (out / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(line)["round"] for line in lines] == [0, 1, 2, 3]
+    steps = [r.content.metric_records[keys.METRICS][keys.LOCAL_STEPS] for _, r in resumed.trains]
+    assert all(1 <= s <= 40 for s in steps)
