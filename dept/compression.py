@@ -199,7 +199,7 @@ def _dequantise(
     else:
         base, per_byte = PACKING[kind]
         packed = _expect(arrays, name, np.dtype(np.uint8), (-(-size // per_byte),))
-        if packed.size and int(packed.max()) >= base**per_byte:
+        if base**per_byte < 256 and packed.size and int(packed.max()) >= base**per_byte:
             raise CompressionError(
                 f"'{name}' holds a byte >= {base**per_byte}, not {per_byte} base-{base} codes"
             )

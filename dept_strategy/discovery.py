@@ -221,11 +221,9 @@ class SourceDirectory:
         for node, message_id in zip(nodes, grid.push_messages(messages), strict=True):
             self.pending[message_id] = node
             state = self._of(node)
-            state.asked_in_round, state.unanswered, state.last_sent = (
-                server_round,
-                state.unanswered + 1,
-                now,
-            )
+            state.asked_in_round = server_round
+            state.unanswered += 1
+            state.last_sent = now
 
     def _collect(self, grid: Grid, server_round: int, history: RunHistory) -> None:
         """Learn from every reply that came for a pending query, in the order they came."""

@@ -109,8 +109,7 @@ class RunReport:
         total = self.cfg.num_server_rounds
         eta = f"{wall_s / server_round * (total - server_round):.0f} s" if server_round else "–"
         evaluated = not math.isnan(line["avg_val_bpb"])  # if not, say what trained
-        what = "val bpb" if evaluated else "train loss"
-        key = what.replace(" ", "_")
+        what, key = ("val bpb", "val_bpb") if evaluated else ("train loss", "train_loss")
         rows = {s: m[key] for s, m in line["sources"].items() if not math.isnan(m[key])}
         if evaluated:
             mean = line["avg_val_bpb"]
