@@ -149,7 +149,13 @@ def _cost_rows(best: dict[str, dict[str, Any]], methods: list[str]) -> list[list
         ["learning rate", *each(lambda r: f"{r['lr']:g}")],
         [
             "avg bpb vs best STD",
-            *each(lambda r: f"{(average_bpb(r) / best_std - 1) * 100:+.1f}%"),
+            *each(
+                lambda r: (
+                    f"{(average_bpb(r) / best_std - 1) * 100:+.1f}%"
+                    if math.isfinite(best_std)
+                    else "n/a (no STD ran)"
+                )
+            ),
         ],
         ["bytes communicated", *each(lambda r: _bytes(r["bytes"]))],
         ["reduction vs data-parallel", *each(lambda r: f"{r['bytes_ddp'] / r['bytes']:.1f}x")],

@@ -10,9 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from dept.config import ConfigError
+from dept.config import ConfigError, DeptConfig
 from dept.sources import load_sources
 from dept_cli import compare
+from dept_cli.comparison_report import render_markdown
 from dept_cli.methods import METHODS
 from dept_cli.text_budget import TextRates
 from tests.helpers import share_cache, synthetic_sources
@@ -229,3 +230,27 @@ def test_compare_by_bytes_trains_every_method_on_the_same_text(
     assert abs(spec_opt["text_bytes"] - std["text_bytes"]) <= per_round / 2
     table = (out / "comparison.md").read_text()
     assert "| bytes of text trained | " in table and "same bytes of text" in table
+
+
+def test_a_comparison_without_std_says_so_where_the_gap_to_std_would_be(
+    debug_config: DeptConfig,
+) -> None:
+    result = {
+        "method": "spec-opt",
+        "lr": 0.002,
+        "global_vocab_size": 400,
+        "source_vocab_sizes": {"latin": 300},
+        "sources": {"latin": {"val_bpb": 2.0, "val_ppl": 9.0}},
+        "curve": [[0, 3.0], [1, 2.0]],
+        "bytes": 10,
+        "bytes_ddp": 100,
+        "embedding_params": {"latin": 300},
+        "tokens": 1000,
+        "failed": 0,
+        "wall_s": 1.0,
+    }
+
+    table = render_markdown(debug_config, [result], {"spec-opt": result}, 60.0, "bytes")
+
+    assert "| avg bpb vs best STD | n/a (no STD ran) |" in table
+    assert "nan" not in table
