@@ -38,6 +38,17 @@ fail() {
 }
 compose() { (cd "$DOCKER" && "${COMPOSE[@]}" "$@"); }
 
+# Four ClientApp executors on one small machine: at torch's default of a thread per core each,
+# their threads outnumber the cores and wait on each other (the debug model's steps went from
+# milliseconds to seconds, and rounds past their timeout, on 2 loaded cores). One thread each.
+THREADS=$WORK/one-thread-each.yml
+{
+    echo "services:"
+    for node in 1 2 3 4; do
+        printf '  superexec-clientapp-%s:\n    environment:\n      OMP_NUM_THREADS: "1"\n' "$node"
+    done
+} >"$THREADS"
+
 cleanup() {
     local status=$? project
     [ -z "$RUN_PID" ] || kill "$RUN_PID" 2>/dev/null || true
@@ -154,7 +165,7 @@ PY
 
 plain_phase() {
     PHASE=plain
-    local args=(-p "$PREFIX-plain" -f compose.yml --profile node-4)
+    local args=(-p "$PREFIX-plain" -f compose.yml -f "$THREADS" --profile node-4)
     PROJECTS+=("${args[*]}")
     export SUPERLINK_PORT
     SUPERLINK_PORT=$(free_port)
@@ -216,7 +227,7 @@ check_outsider() { # the gateway answers 403; the SuperLink's port is not on tha
 
 tls_phase() {
     PHASE=tls
-    local args=(-p "$PREFIX-tls" -f compose.yml -f compose.tls.yml) node
+    local args=(-p "$PREFIX-tls" -f compose.yml -f compose.tls.yml -f "$THREADS") node
     PROJECTS+=("${args[*]}")
     export CERTS_DIR=$WORK/certs SUPERLINK_PORT GATEWAY_PORT
     SUPERLINK_PORT=$(free_port)
