@@ -48,7 +48,8 @@ def describe(device: torch.device) -> str:
         props = torch.cuda.get_device_properties(device)
         return f"{device} ({props.name}, {props.total_memory / 2**30:.1f} GiB)"
     if device.type == "cpu":
-        return f"cpu ({torch.get_num_threads()} threads)"
+        threads = torch.get_num_threads()
+        return f"cpu ({threads} thread{'' if threads == 1 else 's'})"
     return str(device)
 
 
