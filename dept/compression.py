@@ -199,9 +199,10 @@ def _dequantise(
     else:
         base, per_byte = PACKING[kind]
         packed = _expect(arrays, name, np.dtype(np.uint8), (-(-size // per_byte),))
-        if base**per_byte < 256 and packed.size and int(packed.max()) >= base**per_byte:
+        limit = base**per_byte  # below 256 only for ternary (243): a byte can exceed it
+        if limit < 256 and packed.size and int(packed.max()) >= limit:
             raise CompressionError(
-                f"'{name}' holds a byte >= {base**per_byte}, not {per_byte} base-{base} codes"
+                f"'{name}' holds a byte >= {limit}, not {per_byte} base-{base} codes"
             )
         codes = _unpack(packed, base, per_byte).astype(np.int8) - np.int8(levels)
     if codes.size and (codes.min() < -levels or codes.max() > levels):

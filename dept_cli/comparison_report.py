@@ -145,18 +145,14 @@ def _cost_rows(best: dict[str, dict[str, Any]], methods: list[str]) -> list[list
     def each(fn: Any) -> list[str]:
         return [fn(best[m]) if "error" not in best[m] else "crashed" for m in methods]
 
+    def gap_to_std(result: dict[str, Any]) -> str:
+        if not math.isfinite(best_std):
+            return "n/a (no STD ran)"
+        return f"{(average_bpb(result) / best_std - 1) * 100:+.1f}%"
+
     return [
         ["learning rate", *each(lambda r: f"{r['lr']:g}")],
-        [
-            "avg bpb vs best STD",
-            *each(
-                lambda r: (
-                    f"{(average_bpb(r) / best_std - 1) * 100:+.1f}%"
-                    if math.isfinite(best_std)
-                    else "n/a (no STD ran)"
-                )
-            ),
-        ],
+        ["avg bpb vs best STD", *each(gap_to_std)],
         ["bytes communicated", *each(lambda r: _bytes(r["bytes"]))],
         ["reduction vs data-parallel", *each(lambda r: f"{r['bytes_ddp'] / r['bytes']:.1f}x")],
         [
