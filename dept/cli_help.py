@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import re
 
-ROLE = re.compile(r":[a-z]+:`~?([^`]+)`")  # :mod:`dept.variants` -> dept.variants
+ROLE = re.compile(r":[a-z]+:`~?([^`]+)`")  # :mod:`dept.model.variants` -> dept.model.variants
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter):

@@ -5,13 +5,16 @@
 
 A source's model is the run's final body θ with that source's embeddings and tokenizer: its
 own (SPEC-OPT), or the global tokenizer with φ_k spread back over the global ids (SPEC,
-TRIM: an id outside V_k gets the "other" row and is suppressed in generation, since the
-model never learnt to tell those ids apart). The global model of GLOB and TRIM is θ (and ψ)
-with the server's φ and the global tokenizer; a source's model has its own ψ_k where it kept
-one. Each folder holds ``config.json``, ``model.safetensors``,
-the tokenizer files, ``generation_config.json`` and a short ``README.md``, so
-``AutoModelForCausalLM.from_pretrained(dir)`` and ``AutoTokenizer.from_pretrained(dir)`` work.
-A folder that already holds files is replaced only with ``--force``.
+TRIM: each id outside V_k gets a copy of the "other" row, and is suppressed in generation,
+since the model never learnt to tell those ids apart). The run's softmax counted that row
+once for each of those ids (:func:`dept.train.local.next_token_logits`), so the exported model
+gives every token the probability the run measured, and its README states the run's bits
+per byte as its own. The global model of GLOB and TRIM is θ (and ψ) with the server's φ and
+the global tokenizer; a source's model has its own ψ_k where it kept one. Each folder holds
+``config.json``, ``model.safetensors``, the tokenizer files, ``generation_config.json`` and
+a short ``README.md``, so ``AutoModelForCausalLM.from_pretrained(dir)`` and
+``AutoTokenizer.from_pretrained(dir)`` work. A folder that already holds files is replaced
+only with ``--force``.
 
 Run on the machine that holds the source's state directory (its node, in a deployment).
 """
@@ -30,9 +33,10 @@ from safetensors.torch import load_file
 from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerFast
 
 from dept.cli_help import HelpFormatter
-from dept.config import ConfigError, DeptConfig, load_config, resolve_path
-from dept.files import new_file_mode
-from dept.model import (
+from dept.config import ConfigError, DeptConfig, load_config
+from dept.data.sources import load_sources, run_sources
+from dept.data.vocab import check_fits, load_tokenizer
+from dept.model.families import (
     body_parameters,
     build_model,
     embedding_parameters,
@@ -40,12 +44,11 @@ from dept.model import (
     load_tensors,
     position_parameters,
 )
-from dept.source_client import SourceClient
-from dept.sources import load_sources, run_sources
-from dept.state_root import default_state_root
-from dept.variants import VARIANTS, variant
-from dept.vocab import check_fits, load_tokenizer
-from dept.workspace import Workspace, global_tokenizer, replace_dir
+from dept.model.variants import VARIANTS, variant
+from dept.paths import default_state_root, resolve_path
+from dept.state.files import new_file_mode
+from dept.state.workspace import Workspace, global_tokenizer, replace_dir
+from dept.train.source_client import SourceClient
 
 
 @dataclass
@@ -65,7 +68,7 @@ def load_run(run_dir: Path) -> FinishedRun:
         if not (run_dir / name).is_file():
             raise ConfigError(
                 f"{run_dir / name} is missing: export needs a finished run's output-dir "
-                "(resume an interrupted run with resume=true first)"
+                f"(an interrupted run finishes with: dept run --resume {run_dir})"
             )
     cfg = replace(load_config(json.loads((run_dir / "config.json").read_text())), device="cpu")
     summary = json.loads((run_dir / "summary.json").read_text())
@@ -115,8 +118,9 @@ def export_source(
         arrays[name] = value if ids is None else value[torch.from_numpy(ids)]
     local = client.model(arrays, state)
     model, suppressed = _on_tokenizer_ids(local, client, run.cfg)
-    quality = run.summary.get("sources", {}).get(source, {})
-    _save(model, client.tokenizer, out, suppressed, run.cfg, f"source `{source}`", quality)
+    bpb = run.summary.get("sources", {}).get(source, {}).get("val_bpb")
+    score = f"Validation bits per byte at the end of training: {bpb:.4f}.\n" if bpb else ""
+    _save(model, client.tokenizer, out, suppressed, run.cfg, f"source `{source}`", score)
     return out
 
 
@@ -150,9 +154,27 @@ def export_global(
         for name, param in embedding_parameters(model).items():
             param.copy_(run.embeddings[name])
     unused = list(range(len(tokenizer), run.cfg.global_vocab_size))
-    summary = {"avg_val_bpb": run.summary.get("avg_val_bpb")}
-    _save(model, tokenizer, out, unused, run.cfg, "the global model", summary)
+    _save(model, tokenizer, out, unused, run.cfg, "the global model", _global_score(run))
     return out
+
+
+def _global_score(run: FinishedRun) -> str:
+    """What the README says of the global model's quality. GLOB scored every source with
+    this very model, so the mean of their bits per byte is its own. TRIM scored each source
+    with its own model (its V_k rows, its "other" row and no other id), never this one: no
+    figure of the run is this model's, and none is given."""
+    if variant(run.cfg.variant).keeps_state:
+        return (
+            "The run scored each source with its own rows of these embeddings, not with this "
+            "model: export a source (--source) for a model with a measured score.\n"
+        )
+    bpb = run.summary.get("avg_val_bpb")
+    return (
+        f"Validation bits per byte at the end of training, averaged over the run's sources: "
+        f"{bpb:.4f}.\n"
+        if bpb
+        else ""
+    )
 
 
 def check_destination(out: Path, force: bool) -> None:
@@ -214,8 +236,9 @@ def _save(
     suppressed: list[int],
     cfg: DeptConfig,
     what: str,
-    quality: dict,
+    score: str,
 ) -> None:
+    """``score``: the README's sentence on the model's measured quality ("" for none)."""
     eos = tokenizer.eos_token_id
     model.config.eos_token_id = eos
     model.config.pad_token_id = eos
@@ -236,13 +259,12 @@ def _save(
         suppress_tokens=[i for i in suppressed if i != eos] or None,
         **length,
     )
-    bpb = quality.get("val_bpb", quality.get("avg_val_bpb"))
     readme = (
         f"# DEPT {cfg.variant}: {what}\n\n"
         f"{family.name} `{cfg.model}` model trained with DEPT on Flower "
         f"({cfg.num_server_rounds} rounds x {cfg.local_steps} local steps, "
         f"context {cfg.seq_len} tokens).\n"
-        + (f"Validation bits per byte at the end of training: {bpb:.4f}.\n" if bpb else "")
+        + score
         + (
             f"{len(suppressed)} token ids this model never learnt to tell apart are "
             "suppressed in generation.\n"

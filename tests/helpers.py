@@ -14,8 +14,8 @@ import pytest
 import torch
 from flwr.app import ConfigRecord, Error, Message, RecordDict
 
-from dept import keys
 from dept.config import DeptConfig, to_run_config
+from dept.wire import keys
 
 # A test parametrized over these runs on the CPU, and on CUDA where there is one.
 DEVICES = ("cpu", pytest.param("cuda", marks=pytest.mark.gpu))
@@ -122,13 +122,13 @@ def corpus(name: str) -> Path:
     return path
 
 
-HOLD = "import sys, time; from pathlib import Path; from dept.lock import exclusive_folder\n"
+HOLD = "import sys, time; from pathlib import Path; from dept.state.lock import exclusive_folder\n"
 HOLD += "with exclusive_folder(Path(sys.argv[1])):\n    print('held', flush=True); time.sleep(60)\n"
 
 
 @contextlib.contextmanager
 def held_elsewhere(folder: Path) -> Iterator[int]:
-    """``folder`` held (:mod:`dept.lock`) by another living process, whose pid is yielded;
+    """``folder`` held (:mod:`dept.state.lock`) by another living process, whose pid is yielded;
     that process is killed when the block ends."""
     holder = subprocess.Popen([sys.executable, "-c", HOLD, str(folder)], stdout=subprocess.PIPE)
     try:

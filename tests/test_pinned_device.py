@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from dept.config import load_config
-from dept.devices import resolve_device
+from dept.train.devices import resolve_device
 from tests.helpers import debug_run_config
 
 

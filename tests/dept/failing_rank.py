@@ -1,5 +1,5 @@
 """A rank module whose rank 1 raises mid-round (``python -m tests.dept.failing_rank FOLDER``):
-what :mod:`tests.dept.test_distributed` runs in place of :mod:`dept.rank_worker`."""
+what :mod:`tests.dept.train.test_distributed` runs in place of :mod:`dept.train.rank_worker`."""
 
 from __future__ import annotations
 
@@ -9,17 +9,17 @@ from typing import Any
 
 import numpy as np
 
-import dept.source_client
-from dept import rank_worker
+import dept.train.source_client
+from dept.train import rank_worker
 
 FAIL_AT = 3  # the micro-batch rank 1 fails at
-TRAIN_LOCAL = dept.source_client.train_local
+TRAIN_LOCAL = dept.train.source_client.train_local
 
 
 def failing_train_local(
     model: Any, optimizer: Any, batches: Iterator[np.ndarray], *args: Any, **kwargs: Any
 ) -> Any:
-    """:func:`dept.train.train_local` on batches that run out, on rank 1, with an error."""
+    """:func:`dept.train.local.train_local` on batches that run out, on rank 1, with an error."""
 
     def failing() -> Iterator[np.ndarray]:
         for number, batch in enumerate(batches):
@@ -31,5 +31,5 @@ def failing_train_local(
 
 
 if __name__ == "__main__":
-    dept.source_client.train_local = failing_train_local  # type: ignore[assignment]
+    dept.train.source_client.train_local = failing_train_local  # type: ignore[assignment]
     rank_worker.main()

@@ -1,0 +1,380 @@
+"""Decoder LMs from a registry of model families, and their split into body θ, φ and ψ.
+
+A run's ``model`` key names ``<family>:<size>`` (``llama:tiny``, ``gpt2:debug``; a bare size
+means Llama) or a Hugging Face ``config.json`` of a family below. The body θ is every
+parameter but the token embeddings φ (input, and output when untied; found through the HF
+accessors, not by name) and the learned position embeddings ψ (GPT-2's ``wpe``; RoPE models
+have none), so θ's names and shapes do not depend on the vocabulary: that is what lets
+sources with different vocabularies share it. What of φ and ψ is shared is the variant's
+(:mod:`dept.train.sharing`).
+
+Initialisation is the same for every family and independent of the vocabulary: θ is drawn
+from the run seed in name order (matrices N(0, 0.02), biases 0, norm scales 1; a family may
+scale its residual projections by 1/sqrt(2 · layers), as GPT-2 does), then ψ (N(0, 0.02)).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, cast
+
+import torch
+from torch import nn
+from transformers import (
+    GPT2Config,
+    GPT2LMHeadModel,
+    LlamaConfig,
+    LlamaForCausalLM,
+    PretrainedConfig,
+    PreTrainedModel,
+)
+
+from dept.paths import resolve_path
+
+INIT_STD = 0.02
+EMBEDDING_NAMES = ("input", "output")  # φ's tensors as they travel (tied: input only)
+DEFAULT_FAMILY = "llama"  # what a bare size (``tiny``) means
+# config.json keys that describe a checkpoint, not an architecture: the run sets its own.
+NOT_ARCHITECTURE = {
+    "architectures",
+    "transformers_version",
+    "torch_dtype",
+    "dtype",
+    "model_type",
+    "vocab_size",
+    "tie_word_embeddings",
+    "bos_token_id",
+    "eos_token_id",
+    "pad_token_id",
+    "initializer_range",
+}
+
+
+@dataclass(frozen=True)
+class Size:
+    """Dimensions of one preset (the vocabulary comes from the source's tokenizer)."""
+
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    intermediate_size: int  # Llama's SwiGLU width; GPT-2 uses 4 x hidden_size
+    num_kv_heads: int | None = None
+
+
+def swiglu_width(hidden_size: int, multiple: int = 256) -> int:
+    """Llama's SwiGLU width: 8/3 x C (its three matrices then weigh what GPT-2's two 4 x C
+    ones do), rounded up to a ``multiple`` (256 in Llama's reference code)."""
+    return multiple * math.ceil(8 * hidden_size / 3 / multiple)
+
+
+# 125m, 350m and 1.3b are the shapes of the DEPT authors' MPT configs (C x layers x heads);
+# GPT-2's MLP (4 x C, GELU) is MPT's, Llama's SwiGLU is 2048, 2816 and 5632 wide.
+SIZES: dict[str, Size] = {
+    # Size(C, layers, heads, Llama's SwiGLU width)
+    "debug": Size(64, 2, 4, 128),
+    "tiny": Size(128, 4, 4, swiglu_width(128, multiple=32)),
+    "small": Size(256, 6, 8, swiglu_width(256, multiple=16)),
+    "125m": Size(768, 12, 12, swiglu_width(768)),
+    "350m": Size(1024, 24, 16, swiglu_width(1024)),
+    "1.3b": Size(2048, 24, 16, swiglu_width(2048)),
+}
+
+
+def _llama(size: Size) -> dict[str, Any]:
+    return {
+        "hidden_size": size.hidden_size,
+        "intermediate_size": size.intermediate_size,
+        "num_hidden_layers": size.num_layers,
+        "num_attention_heads": size.num_heads,
+        "num_key_value_heads": size.num_kv_heads or size.num_heads,
+    }
+
+
+def _gpt2(size: Size) -> dict[str, Any]:
+    return {"n_embd": size.hidden_size, "n_layer": size.num_layers, "n_head": size.num_heads}
+
+
+@dataclass(frozen=True)
+class Family:
+    """One decoder architecture: its HF classes, its presets and where ψ lives."""
+
+    name: str
+    model_type: str  # the HF config's ``model_type``: how a config.json names the family
+    config_class: type[PretrainedConfig]
+    model_class: type[PreTrainedModel]
+    size_settings: Callable[[Size], dict[str, Any]]  # HF config kwargs of a preset
+    max_positions_key: str  # the HF config key of the context length
+    positions: str | None = None  # the module holding ψ (learned positions); None: RoPE
+    # Matrices writing into the residual stream, drawn with std / sqrt(2 x layers). Llama
+    # keeps the plain init its results were measured with.
+    residual_projections: tuple[str, ...] = ()
+    fixed: Mapping[str, Any] = field(default_factory=dict)  # kwargs of every model of it
+    sizes: Mapping[str, Size] = field(default_factory=lambda: SIZES)
+
+
+FAMILIES: dict[str, Family] = {
+    f.name: f
+    for f in (
+        Family(
+            "llama",
+            "llama",
+            LlamaConfig,
+            LlamaForCausalLM,
+            _llama,
+            "max_position_embeddings",
+            fixed={"attention_dropout": 0.0},  # as GPT-2's, below
+        ),
+        Family(
+            "gpt2",
+            "gpt2",
+            GPT2Config,
+            GPT2LMHeadModel,
+            _gpt2,
+            "n_positions",
+            positions="transformer.wpe",
+            residual_projections=("attn.c_proj.weight", "mlp.c_proj.weight"),
+            # Pre-training sees each token about once: dropout only slows it (nanoGPT's 0).
+            # It would also draw from torch's global RNG, which no round seeds: two runs of
+            # one config, or a run and its resume, would train differently.
+            fixed={"resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0},
+        ),
+    )
+}
+
+
+@dataclass(frozen=True)
+class ModelChoice:
+    """What a ``model`` value names: a family and its architecture settings."""
+
+    family: Family
+    settings: Mapping[str, Any]  # HF config kwargs, before vocabulary, context and tying
+    from_file: bool  # a config.json keeps its own context length; a preset takes seq-len
+
+
+@functools.cache
+def model_choice(name: str) -> ModelChoice:
+    """Parse a ``model`` value: a preset (``family:size``, or a bare size of the default
+    family) or else a config file or its folder; ``ValueError`` names what is wrong."""
+    family_name, _, size = name.rpartition(":")
+    family = FAMILIES.get(family_name or DEFAULT_FAMILY)
+    if family is not None and size in family.sizes:
+        return ModelChoice(family, family.size_settings(family.sizes[size]), from_file=False)
+    if name.endswith(".json") or "/" in name or _resolve(name).exists():
+        return _from_config_file(name)
+    if family is None:
+        raise ValueError(
+            f"{name!r} names no model family (known: {', '.join(FAMILIES)}; "
+            "write <family>:<size>, a size, or a path to a config.json)"
+        )
+    raise ValueError(
+        f"{name!r}: family {family.name} has no size {size!r} (sizes: {', '.join(family.sizes)})"
+    )
+
+
+def _resolve(name: str) -> Path:
+    return resolve_path(name)
+
+
+def _from_config_file(name: str) -> ModelChoice:
+    path = _resolve(name)
+    if path.is_dir():
+        path = path / "config.json"
+    if not path.is_file():
+        raise ValueError(f"{name!r}: no such Hugging Face config file ({path})")
+    try:
+        settings = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"{path} is not a readable JSON config: {exc}") from exc
+    model_type = settings.get("model_type") if isinstance(settings, dict) else None
+    family = next((f for f in FAMILIES.values() if f.model_type == model_type), None)
+    if family is None:
+        supported = ", ".join(f.model_type for f in FAMILIES.values())
+        raise ValueError(f"{path}: model_type {model_type!r} is not supported ({supported})")
+    kept = {k: v for k, v in settings.items() if k not in NOT_ARCHITECTURE}
+    return ModelChoice(family, kept, from_file=True)
+
+
+def build_config(name: str, vocab_size: int, max_seq_len: int, tie: bool) -> PretrainedConfig:
+    """The HF config of ``name`` for a vocabulary and a context (``ValueError`` if the
+    config file's context is shorter than ``max_seq_len``)."""
+    choice = model_choice(name)
+    family = choice.family
+    settings: dict[str, Any] = {
+        **choice.settings,
+        **family.fixed,  # over a config file's too: what the family always trains with
+        "vocab_size": vocab_size,
+        "tie_word_embeddings": tie,
+        "initializer_range": INIT_STD,
+        "pad_token_id": None,
+        "bos_token_id": None,
+        "eos_token_id": None,
+        "attn_implementation": "sdpa",
+    }
+    if not choice.from_file:
+        settings[family.max_positions_key] = max_seq_len
+    config = family.config_class(**settings)
+    context = getattr(config, family.max_positions_key)
+    if context < max_seq_len:
+        raise ValueError(
+            f"model {name!r} holds {context} positions ({family.max_positions_key}), fewer "
+            f"than seq-len {max_seq_len}"
+        )
+    return config
+
+
+def family_of(model: PreTrainedModel) -> Family:
+    return next(f for f in FAMILIES.values() if f.model_type == model.config.model_type)
+
+
+def build_model(
+    name: str,
+    vocab_size: int,
+    max_seq_len: int,
+    *,
+    tie_embeddings: bool = True,
+    seed: int = 0,
+    device: torch.device | str | None = None,
+    activation_checkpointing: bool = False,
+) -> PreTrainedModel:
+    """A freshly initialised model; the same ``seed`` gives the same θ for any vocabulary
+    (``activation_checkpointing``: see :func:`checkpoint_activations`).
+
+    It is built on ``device`` (default: torch's default device), so a CUDA model is never a
+    CPU copy first. Its draws come from that device's generator: the same θ on every CPU,
+    another on CUDA (a client's are all replaced by the server's θ and its own φ_k)."""
+    config = build_config(name, vocab_size, max_seq_len, tie_embeddings)
+    family = model_choice(name).family
+    where = torch.device(device) if device is not None else torch.get_default_device()
+    forked = [where] if where.type == "cuda" else []  # the generator drawn from, left as it was
+    with torch.random.fork_rng(devices=forked), where:
+        torch.manual_seed(seed)
+        model = family.model_class(config)
+        torch.manual_seed(seed)  # θ from its own seed, whatever the vocabulary drew
+        _initialise(model, family, config.num_hidden_layers)
+    if activation_checkpointing:
+        checkpoint_activations(model)
+    return model
+
+
+def checkpoint_activations(model: PreTrainedModel) -> None:
+    """Keep only each layer's input in training and recompute the rest in the backward pass:
+    about a third more compute for about 1.3 saved floats of width C a token and layer
+    instead of 21 (Llama) or 30 (GPT-2), measured at 125m: some 60 GB less at 1.3b, seq-len 2048
+    and batch-size 8 in float32. Non-reentrant checkpointing, which gives the same
+    gradients; no KV cache, which training never reads."""
+    # transformers 5's name for gradient_checkpointing_enable (which now warns)
+    model.activation_checkpointing_enable({"use_reentrant": False})
+    model.config.use_cache = False
+
+
+def _initialise(model: PreTrainedModel, family: Family, num_layers: int) -> None:
+    norms = {
+        id(p)
+        for m in model.modules()
+        if isinstance(m, nn.LayerNorm) or type(m).__name__.endswith("RMSNorm")
+        for p in m.parameters(recurse=False)
+    }
+    residual_std = INIT_STD / math.sqrt(2 * num_layers)
+    with torch.no_grad():
+        for name, param in sorted(body_parameters(model).items()):
+            if name.endswith("bias"):
+                nn.init.zeros_(param)
+            elif id(param) in norms:
+                nn.init.ones_(param)
+            elif param.dim() >= 2:
+                residual = name.endswith(family.residual_projections)
+                nn.init.normal_(param, mean=0.0, std=residual_std if residual else INIT_STD)
+            else:
+                raise ValueError(f"{family.name}: no initialisation rule for {name}")
+        for param in position_parameters(model).values():
+            nn.init.normal_(param, mean=0.0, std=INIT_STD)
+
+
+@functools.cache  # asked for every reply a client sends (its embedding_params)
+def model_width(name: str) -> int:
+    """Hidden size C of ``name``: the width of every φ and ψ row."""
+    choice = model_choice(name)
+    return int(choice.family.config_class(**choice.settings).hidden_size)
+
+
+@functools.cache
+def position_count(name: str, max_seq_len: int) -> int:
+    """ψ's parameters (0 for a model without learned positions)."""
+    choice = model_choice(name)
+    if choice.family.positions is None:
+        return 0
+    config = build_config(name, 512, max_seq_len, True)
+    return int(getattr(config, choice.family.max_positions_key)) * model_width(name)
+
+
+def embedding_modules(model: PreTrainedModel) -> list[nn.Module]:
+    """The input embedding, plus the output embedding when it is a separate tensor."""
+    modules: list[nn.Module] = [model.get_input_embeddings()]
+    out = model.get_output_embeddings()
+    if out is not None and out.weight is not modules[0].weight:
+        modules.append(out)
+    return modules
+
+
+def embedding_parameters(model: PreTrainedModel) -> dict[str, nn.Parameter]:
+    """φ: ``input`` (and ``output`` when untied) embedding matrices, each (V, C)."""
+    modules = embedding_modules(model)
+    return {EMBEDDING_NAMES[i]: cast(nn.Parameter, m.weight) for i, m in enumerate(modules)}
+
+
+def position_parameters(model: PreTrainedModel) -> dict[str, nn.Parameter]:
+    """ψ: ``positions``, the learned absolute position embedding (T, C), where there is one."""
+    where = family_of(model).positions
+    if where is None:
+        return {}
+    return {"positions": cast(nn.Parameter, model.get_submodule(where).weight)}
+
+
+def body_parameters(model: PreTrainedModel) -> dict[str, nn.Parameter]:
+    """θ: every parameter that is neither a token (φ) nor a position (ψ) embedding."""
+    skip = {id(p) for m in embedding_modules(model) for p in m.parameters()}
+    skip |= {id(p) for p in position_parameters(model).values()}
+    return {n: p for n, p in model.named_parameters() if id(p) not in skip}
+
+
+def body_state(model: PreTrainedModel) -> dict[str, torch.Tensor]:
+    """A detached float32 CPU copy of θ, the form it travels in."""
+    return _copies(body_parameters(model))
+
+
+def position_state(model: PreTrainedModel) -> dict[str, torch.Tensor]:
+    """The same of ψ (empty for a model without learned positions)."""
+    return _copies(position_parameters(model))
+
+
+def _copies(params: Mapping[str, nn.Parameter]) -> dict[str, torch.Tensor]:
+    return {n: p.detach().to("cpu", torch.float32).clone() for n, p in params.items()}
+
+
+def load_tensors(
+    params: Mapping[str, nn.Parameter], state: Mapping[str, torch.Tensor], what: str
+) -> None:
+    """Copy ``state`` into ``params``; names and shapes must match exactly (``what`` names
+    the tensors in the error: ``body``, ``shared``, a source's saved embeddings)."""
+    missing, extra = params.keys() - state.keys(), state.keys() - params.keys()
+    if missing or extra:
+        raise KeyError(
+            f"{what} tensors differ: missing {sorted(missing)[:3]}, extra {sorted(extra)[:3]}"
+        )
+    with torch.no_grad():
+        for name, param in params.items():
+            if tuple(state[name].shape) != tuple(param.shape):
+                raise ValueError(
+                    f"{what} tensor {name}: shape {tuple(state[name].shape)} != "
+                    f"{tuple(param.shape)}"
+                )
+            param.copy_(state[name])
+
+
+def count_params(tensors: Mapping[str, torch.Tensor] | Mapping[str, nn.Parameter]) -> int:
+    return sum(t.numel() for t in tensors.values())
