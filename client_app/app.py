@@ -24,9 +24,10 @@ from flwr.clientapp import ClientApp
 from flwr.common.constant import ErrorCode
 
 from client_app.channel import EVALUATE, QUERY, TRAIN, RemoteError
+from client_app.cpu_share import use_cpu_share
 from client_app.warm import WARM_KEY, WarmWorker
-from dept import keys
 from dept.logs import drop_misleading_notices, route_to
+from dept.wire import keys
 
 log = logging.getLogger(__name__)
 # context.state: the sources this node has said where their embeddings came from. It lives
@@ -35,7 +36,7 @@ log = logging.getLogger(__name__)
 ANNOUNCED = "announced"
 # The process Flower 1.42 runs each deployment message in (one per message).
 DEPLOYMENT_PROCESS = "flwr-clientapp"
-# Deployment only, read by benchmarks/message_overhead.py: when the handler got the message
+# Deployment only, read by benchmarks/overhead/message_overhead.py: when the handler got the message
 # (its process started AGE s before, which a cold message pays), and when it answered.
 ARRIVAL_LINE = "%s: %s in hand %.3f s after its process started"
 ANSWER_LINE = "%s: %s answered %.3f s after arrival, %.3f s of it training"
@@ -78,6 +79,7 @@ def _work(kind: str, msg: Message, context: Context) -> RecordDict:
         return worker.call(kind, msg.content, first, run_config, node_config)
     from client_app.tasks import Task, run_task  # torch and co., only where work runs here
 
+    use_cpu_share(node_config)
     return run_task(Task(kind, msg.content, context.run_config, node_config, first))
 
 
@@ -110,7 +112,7 @@ def _reply(kind: str, msg: Message, context: Context) -> Message:
 def _log_answer_time(kind: str, msg: Message, content: RecordDict) -> None:
     """How long after its process started (in deployment: the message arrived) the reply
     went, and how much of it the local steps took: the rest is this message's fixed cost
-    (``benchmarks/message_overhead.py`` reads this line)."""
+    (``benchmarks/overhead/message_overhead.py`` reads this line)."""
     metrics = content.metric_records.get(keys.METRICS)
     training = float(metrics.get(keys.TRAIN_SECONDS, 0.0)) if metrics else 0.0  # type: ignore[arg-type]
     log.info(ANSWER_LINE, _source(msg), kind, _process_age(), training)

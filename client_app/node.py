@@ -23,10 +23,10 @@ from pathlib import Path
 from typing import Any
 
 from client_app.warm import IDLE_KEY, WARM_KEY
-from dept.config import ConfigError, DeptConfig, check_device_name, resolve_path, snake
-from dept.sources import SourceSpec, check_source_paths, parse_source, run_sources
-from dept.state_root import default_state_root
-from dept.variants import variant
+from dept.config import ConfigError, DeptConfig, check_device_name, snake
+from dept.data.sources import SourceSpec, check_source_paths, parse_source, run_sources
+from dept.model.variants import variant
+from dept.paths import default_state_root, resolve_path
 
 # The run config keys a node may set for itself (they win over the run's).
 NODE_SECONDS_KEYS = ("round-time-s", "step-delay-s")

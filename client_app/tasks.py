@@ -4,7 +4,7 @@ node's warm worker (:mod:`client_app.worker`).
 
 ``arrays`` in a train or evaluate message hold θ, plus φ for GLOB and φ's V_k rows for
 TRIM (float32); a train reply holds their pseudo-gradients, encoded as ``compression`` says
-(:mod:`dept.compression`), and for TRIM the ids of the rows.
+(:mod:`dept.wire.compression`), and for TRIM the ids of the rows.
 """
 
 from __future__ import annotations
@@ -23,12 +23,12 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 
 from client_app.channel import EVALUATE, QUERY, TRAIN
 from client_app.node import node_setup, served_sources
-from dept import keys
 from dept.config import load_config
-from dept.devices import describe, unused_gpus_warning
-from dept.fragments import FragmentPlan
-from dept.source_client import SourceClient
-from dept.workspace import Attempt, Workspace
+from dept.state.workspace import Attempt, Workspace
+from dept.train.devices import describe, unused_gpus_warning
+from dept.train.source_client import SourceClient
+from dept.wire import keys
+from dept.wire.fragments import FragmentPlan
 
 log = logging.getLogger(__name__)
 RUN_ID_PATTERN = re.compile(r"[A-Za-z0-9_-]{1,64}")

@@ -29,7 +29,7 @@ from typing import Any
 from flwr.app import RecordDict
 
 from client_app import channel
-from dept.state_root import default_state_root, resolve_path
+from dept.paths import default_state_root, resolve_path
 
 WARM_KEY = "warm-worker"  # node config: true (default in deployment) or false
 IDLE_KEY = "warm-worker-idle-s"  # node config: the worker exits after this long unused

@@ -8,7 +8,7 @@ message over a Unix socket (:mod:`client_app.channel`, :mod:`client_app.warm`); 
 config, so a new run or config builds anew. It keeps nothing the disk does not have: the
 source reads φ_k, its optimizer and its stream position from the state directory on every
 call, so killing it loses nothing. A source with ``nproc`` > 1 launches its ranks from
-here (:mod:`dept.distributed`), on its main thread, one task at a time.
+here (:mod:`dept.train.distributed`), on its main thread, one task at a time.
 
 Started by the first message (``warm-worker=true``, the default in deployment), or by the
 operator beside the SuperNode::

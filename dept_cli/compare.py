@@ -1,6 +1,6 @@
 """Every DEPT variant against the paper's baselines, on the same data, in one table.
 
-Runs STD (τ = 0, 0.3, 1), ACT and every variant of :mod:`dept.variants` (GLOB, TRIM, SPEC,
+Runs STD (τ = 0, 0.3, 1), ACT and every variant of :mod:`dept.model.variants` (GLOB, TRIM, SPEC,
 SPEC-OPT) with the same model, seed, token budget, learning-rate schedule shape and evaluation
 (bits per byte on the same bytes of each source's validation text), each at every learning
 rate of one sweep, and writes to ``--out``: ``comparison.md`` (the table), ``comparison.json``
@@ -8,7 +8,7 @@ rate of one sweep, and writes to ``--out``: ``comparison.md`` (the table), ``com
 round, best rate per method).
 
 Federated methods run the real ServerApp and ClientApp code in process (``LocalGrid``: one
-node per source, every source trained every round); baselines run ``dept.baselines``. Runs
+node per source, every source trained every round); baselines run ``dept.train.baselines``. Runs
 go to ``--jobs`` worker processes with the CPU threads split between them; a run that
 crashes is reported in the table with its error, never dropped; every log line of a run
 starts with its label (e.g. [spec-opt lr 0.004]) and goes to its runs/<method>-lr<rate>/run.log.
@@ -45,9 +45,10 @@ from pathlib import Path
 from typing import Any
 
 from dept.cli_help import HelpFormatter, add_run_config_option, plain
-from dept.config import ConfigError, check_device_name, load_config, resolve_path
-from dept.outer_optimizers import OUTER_OPTIMIZERS
-from dept.sources import check_source_paths, run_sources
+from dept.config import ConfigError, check_device_name, load_config
+from dept.data.sources import check_source_paths, run_sources
+from dept.model.outer_optimizers import OUTER_OPTIMIZERS
+from dept.paths import resolve_path
 from dept_cli import compare_pool
 from dept_cli.compare_plan import (
     COMPARED_SOURCES,
@@ -149,7 +150,7 @@ def _run_federated(plan: Plan) -> dict[str, Any]:
 
 
 def _run_baseline(plan: Plan) -> dict[str, Any]:
-    from dept.baselines import run_standard
+    from dept.train.baselines import run_standard
 
     baseline = BASELINES[plan.method]
     cfg = load_config(plan.run_config)

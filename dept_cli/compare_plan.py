@@ -18,9 +18,10 @@ from typing import Any
 
 from flwr.common.config import parse_config_args
 
-from dept.config import ConfigError, DeptConfig, load_config, resolve_path, to_run_config
-from dept.sources import SourceSpec, load_sources, run_sources, write_sources
-from dept.variants import VARIANTS
+from dept.config import ConfigError, DeptConfig, load_config, to_run_config
+from dept.data.sources import SourceSpec, load_sources, run_sources, write_sources
+from dept.model.variants import VARIANTS
+from dept.paths import resolve_path
 from dept_cli.methods import vocab_sizes
 from dept_cli.text_budget import TextRates, stream_bytes_per_token
 
@@ -165,8 +166,8 @@ def prepare(base: DeptConfig) -> TextRates:
     (two workers building the same cache would race): one variant per tokenizer kind, the
     sources' own or the run's global one (which the baselines use too). Returns what each
     kind's training tokens hold of text."""
-    from dept.source_client import SourceClient
-    from dept.workspace import Workspace
+    from dept.state.workspace import Workspace
+    from dept.train.source_client import SourceClient
 
     specs = run_sources(base)
     root = resolve_path(base.state_dir)

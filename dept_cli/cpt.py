@@ -18,13 +18,14 @@ from typing import Any
 
 from safetensors.torch import load_file
 
-from dept.baselines import BaselineRun, run_standard
 from dept.cli_help import HelpFormatter, plain
-from dept.config import DeptConfig, load_config, resolve_path, to_run_config
-from dept.data import load_source_text
-from dept.sources import SourceSpec, check_source_paths, load_sources, write_sources
-from dept.variants import VARIANTS
-from dept.workspace import own_tokenizer
+from dept.config import DeptConfig, load_config, to_run_config
+from dept.data.corpus import load_source_text
+from dept.data.sources import SourceSpec, check_source_paths, load_sources, write_sources
+from dept.model.variants import VARIANTS
+from dept.paths import resolve_path
+from dept.state.workspace import own_tokenizer
+from dept.train.baselines import BaselineRun, run_standard
 from dept_cli.in_process import federate_in_process
 from server_app.report import dumps
 

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dept.config import load_config
-from dept.sources import run_sources
+from dept.data.sources import run_sources
 
 if TYPE_CHECKING:
     from server_app.local_grid import LocalGrid

@@ -39,6 +39,9 @@ COMMANDS: dict[str, Command] = {
     "certs": Command("dept.certificates", "TLS certificates and SuperNode keys for a deployment"),
     "models": Command("dept_cli.models", "the model families and sizes, with parameter counts"),
     "prepare": Command("dept_cli.prepare", "tokenize a node's sources ahead of a run"),
+    "gateway-auth": Command(
+        "dept_cli.gateway_auth", "the gateway's check of SuperNode signatures (deployment)"
+    ),
 }
 EXAMPLES = """examples:
   dept run                                  # the default federation, offline
@@ -58,7 +61,7 @@ def installed_version() -> str:
 
 
 def parser() -> argparse.ArgumentParser:
-    commands = "\n".join(f"  {name:<9}{c.summary}" for name, c in COMMANDS.items())
+    commands = "\n".join(f"  {name:<13}{c.summary}" for name, c in COMMANDS.items())
     out = argparse.ArgumentParser(
         prog="dept",
         description="DEPT on Flower: federated pre-training with one vocabulary per data source."

@@ -1,16 +1,16 @@
 """What ``dept compare`` runs: the paper's baselines, then every DEPT variant.
 
-The variants are :data:`dept.variants.VARIANTS` (a new one is compared without a change
+The variants are :data:`dept.model.variants.VARIANTS` (a new one is compared without a change
 here); the baselines train one model on the mixture of all sources with the global tokenizer
-(:func:`dept.baselines.run_standard`).
+(:func:`dept.train.baselines.run_standard`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dept.sources import SourceSpec
-from dept.variants import VARIANTS
+from dept.data.sources import SourceSpec
+from dept.model.variants import VARIANTS
 
 
 @dataclass(frozen=True)

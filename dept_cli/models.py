@@ -20,7 +20,7 @@ from rich.table import Table
 
 from dept.cli_help import HelpFormatter, plain
 from dept.config import DeptConfig
-from dept.model import (
+from dept.model.families import (
     DEFAULT_FAMILY,
     FAMILIES,
     body_parameters,

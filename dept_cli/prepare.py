@@ -22,9 +22,9 @@ from flwr.common.config import parse_config_args
 from client_app.node import node_setup, served_sources
 from dept.cli_help import HelpFormatter, add_run_config_option, plain
 from dept.config import ConfigError, DeptConfig, load_config
-from dept.prepare import PreparedSource, prepare_source
-from dept.sources import SourceSpec
-from dept.workspace import cache_dir
+from dept.data.sources import SourceSpec
+from dept.state.workspace import cache_dir
+from dept.train.prepare import PreparedSource, prepare_source
 from server_app.launch import absolute_paths, app_defaults, project_dir
 
 ALL_SOURCES = {"partition-id": 0, "num-partitions": 1}  # one simulated node serving every source

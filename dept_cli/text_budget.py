@@ -42,7 +42,7 @@ class TextRates:
         if baseline is None:
             shares = np.full(len(names), 1 / len(names))
         else:
-            from dept.baselines import temperature_probs  # late: torch, not for --help
+            from dept.train.baselines import temperature_probs  # late: torch, not for --help
 
             sizes = [self.global_sizes[n] for n in names]
             shares = temperature_probs(sizes, baseline.temperature)

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from flwr.app import Message
 from flwr.serverapp import Grid
 
-from dept import keys
+from dept.wire import keys
 from dept_strategy.history import RunHistory
 from dept_strategy.identity import fingerprint, node_keys
 from dept_strategy.queries import discovery_queries

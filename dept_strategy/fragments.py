@@ -1,4 +1,4 @@
-"""The server's side of partial synchronisation (:mod:`dept.fragments`): each fragment's
+"""The server's side of partial synchronisation (:mod:`dept.wire.fragments`): each fragment's
 version, which versions each source holds, and so what each train message carries.
 
 Rule for the download: a source is sent the fragments whose version is newer than what it
@@ -6,7 +6,7 @@ held after its last accepted round; a source with no accepted round in this run,
 last reply was an error (it may have lost its state), is sent the whole body. A node that
 holds more than the server knows (its reply was refused after it trained) keeps its own
 where the versions match, so sending too much is harmless; one that holds less fails its
-round (:func:`dept.fragments.start_body`) and gets the whole body next time.
+round (:func:`dept.wire.fragments.start_body`) and gets the whole body next time.
 
 The upload carries Δ of the round's synced fragments only (:meth:`FragmentBook.round_names`),
 plus φ where the variant shares it, which is never fragmented.
@@ -18,8 +18,8 @@ from typing import Any
 
 from flwr.app import ConfigRecord
 
-from dept import keys
-from dept.fragments import FragmentPlan, partition, syncing
+from dept.wire import keys
+from dept.wire.fragments import FragmentPlan, partition, synced_spans, syncing
 
 
 class FragmentBook:
@@ -50,6 +50,12 @@ class FragmentBook:
         """Body tensors whose Δ the replies of ``server_round`` carry."""
         sync = set(self._syncing(server_round))
         return {n for n, f in self.parts.items() if f in sync}
+
+    def spans(self, server_round: int) -> dict[str, range]:
+        """The rounds each synced tensor's Δ can hold in ``server_round``
+        (:func:`dept.wire.fragments.synced_spans`), from the versions as planned and sent, before
+        the round's step changes them: the server's own record, never a reply's word."""
+        return synced_spans(self.parts, self.plan(server_round), server_round)
 
     def unsent(self, source: str) -> set[str]:
         """Body tensors ``source`` already holds at their current version (not sent)."""

@@ -25,7 +25,7 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from dept import keys
+from dept.wire import keys
 from dept_strategy.validation import last_line
 
 log = logging.getLogger(__name__)
@@ -250,11 +250,11 @@ class RunHistory:
         )
 
     def mean_val_bpb(self, server_round: int) -> float:
-        values = (
-            [m[keys.VAL_BPB] for m in self.rounds[server_round].eval.values()]
-            if server_round in self.rounds
-            else []
-        )
+        """The sources' mean bits per byte in ``server_round``, summed in source order: a
+        float sum depends on its order, and replies arrive in any (two runs would differ
+        in the last digits)."""
+        record = self.rounds.get(server_round)
+        values = [m[keys.VAL_BPB] for _, m in sorted(record.eval.items())] if record else []
         return sum(values) / len(values) if values else math.nan
 
     def state_dict(self) -> dict[str, Any]:

@@ -1,7 +1,7 @@
 """The outer optimizer: the server's step on the shared parameters, given the averaged update.
 
 Δ = Σ w_k (θ_global − θ_k) plays the role of a gradient: ``p.grad = Δ`` then ``step()``.
-Which optimizers exist, and their settings, is :mod:`dept.outer_optimizers`; a ``torch.optim``
+Which optimizers exist, and their settings, is :mod:`dept.model.outer_optimizers`; a ``torch.optim``
 optimizer gives each a state_dict to checkpoint.
 """
 
@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from dept.outer_optimizers import OUTER_OPTIMIZERS
+from dept.model.outer_optimizers import OUTER_OPTIMIZERS
 
 
 class OuterOptimizer:

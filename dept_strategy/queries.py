@@ -8,7 +8,7 @@ from __future__ import annotations
 from flwr.app import ConfigRecord, Message, MessageType, RecordDict
 from flwr.serverapp import Grid
 
-from dept import keys
+from dept.wire import keys
 from dept_strategy.inflight import InFlight, Target
 
 

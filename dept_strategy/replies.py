@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 
-from dept import keys
-from dept.compression import TOPK_DENSITY
+from dept.wire import keys
+from dept.wire.compression import TOPK_DENSITY
 from dept_strategy.aggregate import RunningMean
 from dept_strategy.history import RunHistory
 from dept_strategy.inflight import InFlight, Target
@@ -42,7 +42,8 @@ class Intake:
     """Where a round's training replies go once checked, and what each must be: the shapes
     and φ rows a source was sent (``expected``), the most tokens a round can train, the
     compression, the φ tensor names (sized apart), the spool, the running mean (None
-    under a robust rule, which reads the spool instead) and top-k's density."""
+    under a robust rule, which reads the spool instead), top-k's density and the units its
+    tensors are sized in (fragments)."""
 
     expected: ExpectedShapes
     max_weight: float
@@ -51,6 +52,7 @@ class Intake:
     spool: RoundSpool
     running: RunningMean | None
     density: float = TOPK_DENSITY
+    units: dict[str, float] = field(default_factory=dict)  # SizeTally's, the same for all
 
 
 @dataclass
@@ -156,7 +158,7 @@ class ReplyDesk:
         arrays = record_of(reply.content, keys.ARRAYS, ArrayRecord)
         bytes_up = arrays.count_bytes() if arrays is not None else 0
         self.history.record_bytes_up(self.round, bytes_up)
-        tally = SizeTally(intake.embedding_names)
+        tally = SizeTally(intake.embedding_names, intake.units)
         try:
             check_source(reply.content, target)
             shapes, rows = intake.expected(target.source)

@@ -5,9 +5,12 @@ node sending its update × 1e6 moved a shared weight to 2.6e8. Two checks refuse
 and name its source; neither changes an honest round:
 
 - **reach**: no weight can move further in a round than the inner AdamW's learning rates
-  allow (:func:`dept.train.max_round_update`, computed by the caller and passed in as
+  allow (:func:`dept.train.local.max_round_update`, computed by the caller and passed in as
   ``reach``), so a larger max |Δ| is impossible for an honest client, whatever the others
-  sent; this holds even for a round with a single reply;
+  sent; this holds even for a round with a single reply. A fragment's Δ (partial sync)
+  holds every round since its base, so its values are sized in rounds of training: divided
+  by its span's reach over one round's (``units``), they meet the one-round bound exactly
+  when they meet their span's;
 - **relative** (``update-norm-factor`` k): the RMS and the max |Δ| of the body part, and of
   the embedding part where there is one, must be within k × the round's median of the same
   figure. The median is the lower one over the round's replies plus the previous round's
@@ -16,13 +19,16 @@ and name its source; neither changes an honest round:
   outlier: a tiny one would make the honest one look large).
 
 RMS rather than the norm, so that parts of different sizes (TRIM sends each source a
-different number of φ rows) compare alike.
+different number of φ rows) compare alike. The relative check sees the same units: a
+fragment that spans three rounds is not three times too large beside one that spans one,
+nor beside last round's median, and normalising by the reach (not comparing per span) keeps
+one median for the round, which a round of few replies needs.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass, fields
 
 import numpy as np
@@ -42,9 +48,9 @@ class Defences:
     outlier_action: str = "clip"  # clip: scaled to the round's median size; reject: dropped
     trim_fraction: float = 0.2  # trimmed-mean: share dropped at each end (trim-fraction)
     update_norm_factor: float = 10.0  # k of the relative check, 0 off (update-norm-factor)
-    # the most a round starting at this global step can move a weight no larger than this;
-    # None: not checked (dept.train.max_round_update, bound to the run config)
-    reach: Callable[[int, float], float] | None = None
+    # the most the training of these rounds can move a weight no larger than this;
+    # None: not checked (dept.train.local.max_span_update, bound to the run config)
+    reach: Callable[[range, float], float] | None = None
 
     def __post_init__(self) -> None:
         if self.aggregation not in RULES:
@@ -75,18 +81,24 @@ class UpdateStats:
 
 class SizeTally:
     """The sums behind :class:`UpdateStats`, fed one tensor at a time as a reply is read, so
-    no whole reply is needed at once; in float64, so 3e38 does not overflow them."""
+    no whole reply is needed at once; in float64, so 3e38 does not overflow them. ``units``:
+    a tensor's values are divided by this (a fragment's rounds of training, as reach), one
+    where absent."""
 
-    def __init__(self, embedding_names: tuple[str, ...]) -> None:
-        self.embedding_names = embedding_names
+    def __init__(
+        self, embedding_names: tuple[str, ...], units: Mapping[str, float] | None = None
+    ) -> None:
+        self.embedding_names, self.units = embedding_names, units or {}
         # part -> [sum of squares, count, max |value|]
         self.parts = {"body": [0.0, 0, 0.0], "embedding": [0.0, 0, 0.0]}
 
     def add(self, name: str, value: np.ndarray) -> None:
         part = self.parts["embedding" if name in self.embedding_names else "body"]
-        flat = value.reshape(-1)
+        flat, unit = value.reshape(-1), self.units.get(name)
         for start in range(0, flat.size, CHUNK_VALUES):  # float64 copies of a chunk only
             chunk = flat[start : start + CHUNK_VALUES].astype(np.float64)
+            if unit is not None:
+                chunk /= unit
             part[0] += float(np.dot(chunk, chunk))
             part[2] = max(part[2], float(np.abs(chunk).max(initial=0.0)))
         part[1] += flat.size
@@ -136,8 +148,8 @@ def screen(
     flagged = {}
     for i, s in enumerate(stats):
         why = _too_large(s, medians, reach, factor)
-        if why:
-            flagged[i] = Flagged(why, _shrink(s, medians, reach))
+        if why:  # without the relative check the medians are no reference: one is its own
+            flagged[i] = Flagged(why, _shrink(s, medians if factor > 0 else {}, reach))
     return flagged
 
 

@@ -3,13 +3,14 @@
 Round t: sample sources (found through :mod:`dept_strategy.discovery`), send each source's
 node the shared tensors with the round's global step, receive pseudo-gradients
 Δ_k = shared_{t-1} − shared_k weighted by tokens trained, check and decode each one
-(as ``compression`` says, :mod:`dept.compression`) in place, spool it and fold it into the round's
-running mean as it comes (:mod:`dept_strategy.spool`, :mod:`dept_strategy.aggregate`), so
-the server holds one reply at a time; refuse the ones too large to be honest
-(:mod:`dept_strategy.screening`), combine the rest (weighted mean, or a robust rule), and take
-the outer optimizer step. Only accepted replies are credited with their tokens.
+(as ``compression`` says, :mod:`dept.wire.compression`) in place, spool it and fold it into
+the round's running mean as it comes (:mod:`dept_strategy.spool`,
+:mod:`dept_strategy.aggregate`), so the server holds one reply at a time; refuse the ones
+too large to be honest (:mod:`dept_strategy.screening`), combine the rest (weighted mean, or
+a robust rule), and take the outer optimizer step. Only accepted replies are credited with
+their tokens.
 
-What is shared is the variant's (:mod:`dept.variants`): θ, and ψ where the model learns
+What is shared is the variant's (:mod:`dept.model.variants`): θ, and ψ where the model learns
 positions and the variant shares them, are whole tensors to the strategy; the global φ
 (``embedding_names``) goes whole to every source (GLOB) or by each source's V_k rows (TRIM,
 asked once, :mod:`dept_strategy.vocabularies`), each row averaged over the sources holding it.
@@ -20,15 +21,11 @@ below; what happened is in :attr:`DeptStrategy.history`, which only the strategy
 
 from __future__ import annotations
 
-import functools
 import logging
 import math
 import random
-import tempfile
-import time
 import uuid
 from collections.abc import Iterable
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -44,98 +41,64 @@ from flwr.app import (
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
-from dept import keys
-from dept.compression import TOPK_DENSITY
-from dept.config import COMPRESSIONS
-from dept_strategy.aggregate import RunningMean, combine
-from dept_strategy.diagnostics import round_diagnostics
+from dept.wire import keys
+from dept_strategy import discovery
 from dept_strategy.discovery import SourceDirectory
 from dept_strategy.fragments import FragmentBook
 from dept_strategy.history import RunHistory
 from dept_strategy.inflight import InFlight, Target
 from dept_strategy.outer import OuterOptimizer
-from dept_strategy.replies import Arrival, Intake, ReplyDesk
-from dept_strategy.screening import Defences, UpdateStats, median_stats, screen
-from dept_strategy.spool import RoundSpool
+from dept_strategy.replies import ReplyDesk
+from dept_strategy.round_combining import RoundCombining
+from dept_strategy.screening import UpdateStats, median_stats
+from dept_strategy.settings import StrategySettings
 from dept_strategy.vocabularies import SourceVocabularies
 
 log = logging.getLogger(__name__)
 
 
-class DeptStrategy(Strategy):
+class DeptStrategy(RoundCombining, Strategy):
     """Samples sources, aggregates body pseudo-gradients, keeps per-source metrics.
 
-    ``embedding_names``: the φ tensors among the outer optimizer's (GLOB, TRIM); ``trim``:
-    send each source only its V_k rows of them; ``compression``: how the clients encode
-    their pseudo-gradients (what goes down stays float32), ``topk_density`` top-k's share
-    of values; ``spool_dir``: where a round's
-    replies wait on disk (default: a temporary folder); ``defences``: how they are screened
-    and combined (:mod:`.screening`); ``pinned``: source → the node key that may serve it
-    (:mod:`.identity`); ``interference``: also the cosine between every pair of a round's
-    updates (:mod:`.diagnostics`; their norms are always recorded); ``fragments`` > 1:
-    the body synchronised by that many fragments, each every ``fragment_period`` rounds
-    (:mod:`.fragments`).
+    ``outer``: the server's tensors and their optimizer; ``settings``: everything else the
+    run config decides (:class:`dept_strategy.settings.StrategySettings`): sampling, what
+    is shared and how it travels, how replies are screened and combined (:mod:`.screening`),
+    which node keys may serve which source (:mod:`.identity`), the diagnostics recorded
+    (:mod:`.diagnostics`) and the fragments the body syncs by (:mod:`.fragments`).
     """
 
-    def __init__(
-        self,
-        *,
-        outer: OuterOptimizer,
-        local_steps: int,
-        run_id: str,
-        fraction_train: float = 1.0,
-        min_train_nodes: int = 1,
-        min_train_replies: int = 1,
-        fraction_evaluate: float = 1.0,
-        min_available_nodes: int = 1,
-        wait_for_nodes_s: float = 120.0,
-        query_timeout_s: float = 600.0,
-        max_tokens_per_round: float = math.inf,
-        num_rounds: int = 0,
-        seed: int = 0,
-        embedding_names: tuple[str, ...] = (),
-        trim: bool = False,
-        compression: str = "none",
-        topk_density: float = TOPK_DENSITY,
-        spool_dir: Path | None = None,
-        defences: Defences | None = None,
-        pinned: dict[str, bytes] | None = None,
-        interference: bool = True,
-        fragments: int = 1,
-        fragment_period: int = 1,
-    ) -> None:
-        _check_settings(fraction_train, fraction_evaluate, local_steps, compression)
-        self.outer, self.local_steps, self.run_id = outer, local_steps, run_id
-        self.compression, self.spool_dir = compression, spool_dir
-        if not 0 < topk_density <= 1:
-            raise ValueError(f"topk_density must be in (0, 1], got {topk_density}")
-        self.topk_density = topk_density
-        self.defences = defences or Defences()
-        self.interference = interference
+    def __init__(self, outer: OuterOptimizer, settings: StrategySettings) -> None:
+        self.outer, self.settings = outer, settings
+        self.run_id, self.embedding_names = settings.run_id, settings.embedding_names
+        self.spool_dir = settings.spool_dir
         self.reference: UpdateStats | None = None  # the last accepted round's median sizes
-        self.fraction_train, self.fraction_evaluate = fraction_train, fraction_evaluate
-        self.min_train_nodes = max(1, min_train_nodes)
-        self.min_train_replies = max(1, min_train_replies)
-        self.max_tokens_per_round, self.num_rounds = max_tokens_per_round, num_rounds
         self.in_flight = InFlight()
         self.attempt = uuid.uuid4().hex[:12]
         self.resumed_after = -1  # the checkpointed round a resumed run goes on from
         self.directory = SourceDirectory(
-            run_id=run_id,
-            min_nodes=min_available_nodes,
-            wait_s=wait_for_nodes_s,
-            query_timeout_s=query_timeout_s,
-            pinned=pinned,
+            run_id=settings.run_id,
+            min_nodes=settings.min_available_nodes,
+            wait_s=settings.wait_for_nodes_s,
+            query_timeout_s=settings.query_timeout_s,
+            pinned=settings.pinned,
+            reask_after_s=math.inf if settings.simulation else discovery.REASK_AFTER_S,
         )
-        self.rng = random.Random(seed)
-        self.eval_rng = random.Random(seed + 1)  # evaluation draws do not shift training's
-        self.shapes, self.embedding_names = outer.shapes(), embedding_names
-        self.vocabularies = self._vocabularies(query_timeout_s) if trim else None
-        body = [n for n in self.shapes if n not in embedding_names]
-        self.history = RunHistory(sum(int(np.prod(self.shapes[n])) for n in body), local_steps)
+        self.rng = random.Random(settings.seed)
+        self.eval_rng = random.Random(settings.seed + 1)  # evaluation draws do not shift training's
+        self.shapes = outer.shapes()
+        self.vocabularies = self._vocabularies(settings.query_timeout_s) if settings.trim else None
+        body = [n for n in self.shapes if n not in self.embedding_names]
+        self.history = RunHistory(
+            sum(int(np.prod(self.shapes[n])) for n in body), settings.local_steps
+        )
         self.fragments = (
-            FragmentBook(body, count=fragments, period=fragment_period, last_round=num_rounds)
-            if fragments > 1
+            FragmentBook(
+                body,
+                count=settings.fragments,
+                period=settings.fragment_period,
+                last_round=settings.num_rounds,
+            )
+            if settings.fragments > 1
             else None
         )
 
@@ -179,7 +142,7 @@ class DeptStrategy(Strategy):
             }
         self.rng.setstate(_rng_tuple(meta["rng"]))
         self.eval_rng.setstate(_rng_tuple(meta["eval_rng"]))
-        self.history = RunHistory.from_state_dict(meta["history"], self.local_steps)
+        self.history = RunHistory.from_state_dict(meta["history"], self.settings.local_steps)
         self.reference = UpdateStats(**meta["reference"]) if meta.get("reference") else None
         if self.fragments is not None:
             self.fragments.load_state_dict(meta["fragments"])
@@ -215,15 +178,15 @@ class DeptStrategy(Strategy):
             "body %d parameters, sends %s, updates come back %s, combined by %s; refused "
             "beyond the inner optimizer's reach%s%s",
             self.outer.kind,
-            self.fraction_train,
-            self.min_train_nodes,
-            self.local_steps,
+            self.settings.fraction_train,
+            self.settings.min_train_nodes,
+            self.settings.local_steps,
             self.history.body_params,
             shared,
-            "float32" if self.compression == "none" else f"as {self.compression}",
-            self.defences.aggregation,
-            f" or {self.defences.update_norm_factor:g}x the round's median size"
-            if self.defences.update_norm_factor > 0
+            "float32" if self.settings.compression == "none" else f"as {self.settings.compression}",
+            self.settings.defences.aggregation,
+            f" or {self.settings.defences.update_norm_factor:g}x the round's median size"
+            if self.settings.defences.update_norm_factor > 0
             else "",
             f"; {len(self.directory.pinned)} source(s) pinned to node keys"
             if self.directory.pinned
@@ -312,7 +275,11 @@ class DeptStrategy(Strategy):
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
         targets = self._sample(
-            grid, server_round, self.fraction_train, self.min_train_nodes, self.rng
+            grid,
+            server_round,
+            self.settings.fraction_train,
+            self.settings.min_train_nodes,
+            self.rng,
         )
         config[keys.SERVER_ROUND] = server_round
         config[keys.GLOBAL_STEP] = self.history.global_step(server_round)
@@ -342,98 +309,13 @@ class DeptStrategy(Strategy):
         self.reference = median_stats([a.spooled.stats for a in accepted]) or self.reference
         return self.shared_tensors(), desk.credit(accepted)
 
-    def _step(
-        self, server_round: int, replies: Iterable[Message], desk: ReplyDesk
-    ) -> list[Arrival] | None:
-        """Take the round's replies in, screen them, combine them and step the outer
-        optimizer; the replies that counted, or None (the model unchanged). Whatever the
-        round held (spool, running mean) is let go on return, before the body is serialised."""
-        rule, shapes = self.defences.aggregation, self._round_shapes(server_round)
-        with RoundSpool(self._spool(server_round)) as spool:
-            running = (
-                RunningMean(shapes, self.embedding_names, self.in_flight.sources())
-                if rule == "mean"
-                else None
-            )
-            intake = Intake(
-                functools.partial(self._expected, shapes),
-                self.max_tokens_per_round,
-                self.compression,
-                self.embedding_names,
-                spool,
-                running,
-                self.topk_density,
-            )
-            arrivals = desk.take_train(replies, intake)
-            self._close(desk)
-            accepted = self._screen(server_round, arrivals, desk)
-            if len(accepted) < self.min_train_replies:
-                log.warning(
-                    "round %d: %d usable training replies, fewer than %d (config key "
-                    "'min-train-replies'); the model is unchanged",
-                    server_round,
-                    len(accepted),
-                    self.min_train_replies,
-                )
-                return None
-            self._diagnose(server_round, accepted, shapes)
-            # In source order, not arrival order: the float32 mean rounds by order, and a
-            # deployment's arrival order is not the same twice (a resumed run must match);
-            # the running mean was folded in that order as far as arrivals allowed.
-            delta, frozen_rows = combine(
-                [a.spooled for a in sorted(accepted, key=lambda a: a.target.source)],
-                shapes,
-                self.embedding_names,
-                running,
-                rule=rule,
-                trim_fraction=self.defences.trim_fraction,
-            )
-        self.outer.step(delta, frozen_rows)
-        return accepted
-
-    def _diagnose(
-        self, server_round: int, accepted: list[Arrival], shapes: dict[str, tuple[int, ...]]
-    ) -> None:
-        """The accepted updates' norms and, if on, their interference, read from the spool
-        (:mod:`dept_strategy.diagnostics`) into the round's record."""
-        start = time.perf_counter()
-        ordered = sorted(accepted, key=lambda a: a.target.source)  # rows alike every round
-        found = round_diagnostics(
-            [a.target.source for a in ordered],
-            [a.spooled for a in ordered],
-            shapes,
-            self.embedding_names,
-            interference=self.interference,
-        )
-        self.history.record_diagnostics(server_round, found, time.perf_counter() - start)
-
-    def _spool(self, server_round: int) -> Path:
-        if self.spool_dir is None:
-            self.spool_dir = Path(tempfile.mkdtemp(prefix="dept-spool-"))
-        return self.spool_dir / f"round-{server_round:04d}"
-
-    def _screen(self, server_round: int, arrivals: list[Arrival], desk: ReplyDesk) -> list[Arrival]:
-        """The arrivals to combine: those of an honest size as they are, and those too large
-        (:func:`dept_strategy.screening.screen`) clipped to the round's median or dropped."""
-        reach, rules = 0.0, self.defences
-        if rules.reach is not None:
-            max_weight = max(_largest(t) for t in self.outer.tensors().values())
-            reach = rules.reach(self.history.global_step(server_round), max_weight)
-        flagged = screen(
-            [a.spooled.stats for a in arrivals],
-            reach=reach,
-            factor=rules.update_norm_factor,
-            previous=self.reference,
-        )
-        return desk.screened(arrivals, flagged, rules.outlier_action)
-
     def configure_evaluate(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
         # Every source is evaluated before training and after the last round, so the
         # before/after comparison always covers the same sources.
-        everyone = server_round in (0, self.num_rounds)
-        fraction = 1.0 if everyone else self.fraction_evaluate
+        everyone = server_round in (0, self.settings.num_rounds)
+        fraction = 1.0 if everyone else self.settings.fraction_evaluate
         if fraction == 0:
             return []
         targets = self._sample(grid, server_round, fraction, 1, self.eval_rng)
@@ -457,27 +339,6 @@ class DeptStrategy(Strategy):
         self._close(desk)
         mean = self.history.mean_val_bpb(server_round)
         return None if math.isnan(mean) else MetricRecord({keys.VAL_BPB: mean})
-
-
-def _check_settings(
-    fraction_train: float, fraction_evaluate: float, local_steps: int, compression: str
-) -> None:
-    if not 0 < fraction_train <= 1:
-        raise ValueError(f"fraction_train must be in (0, 1], got {fraction_train}")
-    if not 0 <= fraction_evaluate <= 1:
-        raise ValueError(f"fraction_evaluate must be in [0, 1], got {fraction_evaluate}")
-    if local_steps < 1:
-        raise ValueError(f"local_steps must be >= 1, got {local_steps}")
-    if compression not in COMPRESSIONS:
-        raise ValueError(f"compression must be one of {COMPRESSIONS}, got {compression!r}")
-
-
-def _largest(tensor: torch.Tensor) -> float:
-    """max |value|, without the tensor-sized temporary of ``tensor.abs()``."""
-    if tensor.numel() == 0:
-        return 0.0
-    low, high = torch.aminmax(tensor)
-    return max(-float(low), float(high))
 
 
 def _rng_tuple(state: list[Any]) -> tuple[Any, ...]:

@@ -16,8 +16,8 @@ from typing import TypeVar
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 
-from dept import keys
-from dept.compression import TOPK_DENSITY, CompressionError, decode_array, payload_keys
+from dept.wire import keys
+from dept.wire.compression import TOPK_DENSITY, CompressionError, decode_array, payload_keys
 
 Record = TypeVar("Record", ArrayRecord, MetricRecord, ConfigRecord)
 
@@ -101,7 +101,7 @@ def check_train_reply(
     The weight is tokens trained, so it cannot exceed what the round's local steps can
     consume (``max_weight``): a larger claim would let one client outweigh all others.
     ``row_ids`` (TRIM) are the φ rows the source was sent; the reply must name the same.
-    ``compression`` is how every client encodes its Δ (:mod:`dept.compression`), with
+    ``compression`` is how every client encodes its Δ (:mod:`dept.wire.compression`), with
     top-k's ``density``.
     """
     arrays = record_of(content, keys.ARRAYS, ArrayRecord)

@@ -14,7 +14,7 @@ import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message
 from flwr.serverapp import Grid
 
-from dept import keys
+from dept.wire import keys
 from dept_strategy.history import RunHistory
 from dept_strategy.inflight import Target
 from dept_strategy.queries import send_queries

@@ -28,9 +28,9 @@ import torch
 from safetensors.torch import load_file
 
 from dept.config import ConfigError, DeptConfig, to_run_config
-from dept.files import file_sha256, save_tensors
-from dept.model import model_choice
-from dept.workspace import replace_dir
+from dept.model.families import model_choice
+from dept.state.files import file_sha256, save_tensors
+from dept.state.workspace import replace_dir
 from server_app.report import dumps
 
 log = logging.getLogger(__name__)

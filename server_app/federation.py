@@ -12,28 +12,33 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
 import shutil
 import time
 import uuid
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from flwr.app import ArrayRecord, ConfigRecord, Message
 from flwr.serverapp import Grid
+from flwr.superlink.grid import InMemoryGrid
 
-from dept.budget import Device, check_server_fits
-from dept.config import DeptConfig, load_config, resolve_path, to_run_config
-from dept.lock import exclusive_folder
-from dept.sharing import initial_tensors, shared_vocab_size
-from dept.sources import run_sources
-from dept.train import max_round_update
-from dept.variants import variant
+from dept.config import DeptConfig, load_config, to_run_config
+from dept.data.sources import run_sources
+from dept.model.variants import variant
+from dept.paths import resolve_path
+from dept.state.lock import exclusive_folder
+from dept.train.budget import Device, check_server_fits
+from dept.train.local import max_span_update
+from dept.train.sharing import initial_tensors, shared_vocab_size
 from dept_strategy.identity import load_source_keys
 from dept_strategy.outer import OuterOptimizer
 from dept_strategy.screening import Defences
+from dept_strategy.settings import StrategySettings
 from dept_strategy.strategy import DeptStrategy
+from server_app import nudges as nudging
 from server_app.arrivals import replies_as_they_arrive
 from server_app.checkpoint import (
     Checkpoint,
@@ -62,14 +67,14 @@ class RunResult:
 def run_federation(grid: Grid, run_config: Mapping[str, Any]) -> RunResult:
     """Run every round; returns the output folder and the run's summary. Bad config fails
     before any training, and a second run on the same ``output-dir`` stops at once
-    (:mod:`dept.lock`)."""
+    (:mod:`dept.state.lock`)."""
     cfg = load_config(run_config)
     declared = {s.name for s in run_sources(cfg)}  # parses and validates the sources file
     check_server_fits(cfg, shared_vocab_size(cfg), Device.here("cpu").memory)
     out_dir = resolve_path(cfg.output_dir)
     with exclusive_folder(out_dir):
         try:
-            summary = _run_rounds(grid, cfg, out_dir, declared)
+            summary = _run_rounds(grid, cfg, out_dir, declared, in_simulation(grid))
         except Exception as exc:
             write_failed(out_dir, exc)
             exc.add_note(f"traceback in {out_dir / ERROR_LOG}")
@@ -80,7 +85,15 @@ def run_federation(grid: Grid, run_config: Mapping[str, Any]) -> RunResult:
     return RunResult(out_dir, summary)
 
 
-def _run_rounds(grid: Grid, cfg: DeptConfig, out_dir: Path, declared: set[str]) -> dict[str, Any]:
+def in_simulation(grid: Grid) -> bool:
+    """Whether this is Flower's simulation runtime (its in-memory grid), where a slow node
+    is one queued behind others on a client actor (:attr:`StrategySettings.simulation`)."""
+    return isinstance(grid, InMemoryGrid)
+
+
+def _run_rounds(
+    grid: Grid, cfg: DeptConfig, out_dir: Path, declared: set[str], simulation: bool
+) -> dict[str, Any]:
     """The rounds from the start (or after the checkpoint resumed); the run's summary."""
     log.info(
         "DEPT %s: model %s, %d rounds x %d local steps; output in %s",
@@ -98,10 +111,11 @@ def _run_rounds(grid: Grid, cfg: DeptConfig, out_dir: Path, declared: set[str]) 
             cfg.warmup,
         )
     shutil.rmtree(out_dir / SPOOL_DIR, ignore_errors=True)  # what a crashed run left
+    build = functools.partial(_build_strategy, cfg, simulation=simulation)
     if cfg.resume:  # fails before any work
-        strategy, checkpoint = _resume(cfg, out_dir)
+        strategy, checkpoint = _resume(cfg, out_dir, build)
     else:
-        strategy, checkpoint = _build_strategy(cfg, uuid.uuid4().hex[:12]), None
+        strategy, checkpoint = build(uuid.uuid4().hex[:12]), None
     strategy.summary()
     owners = strategy.wait_for_sources(grid)  # the nodes check their data first
     log.info("%d sources take part: %s", len(owners), ", ".join(sorted(owners)))
@@ -125,7 +139,9 @@ def _rounds(
     done = checkpoint.server_round if checkpoint else -1
     started = time.monotonic() - strategy.elapsed_s()  # a resumed run's clock goes on
     shared = strategy.shared_tensors()  # serialised once per round, sent to all
-    nudges = Nudges(strategy.run_id, strategy.directory.behind)
+    # Nothing is held back in the simulation runtime: no nudges (server_app/nudges.py).
+    after_s = math.inf if strategy.settings.simulation else nudging.NUDGE_AFTER_S
+    nudges = Nudges(strategy.run_id, strategy.directory.behind, after_s)
     exchanges = _Exchanges(grid, strategy, cfg.round_timeout_s, nudges)
     for server_round in range(done + 1, cfg.num_server_rounds + 1):
         if server_round > 0:
@@ -143,14 +159,16 @@ def _rounds(
     return report.finish(strategy.history, body, time.monotonic() - started, embeddings)
 
 
-def _resume(cfg: DeptConfig, out_dir: Path) -> tuple[DeptStrategy, Checkpoint]:
+def _resume(
+    cfg: DeptConfig, out_dir: Path, build: Callable[[str], DeptStrategy]
+) -> tuple[DeptStrategy, Checkpoint]:
     """The strategy restored from the newest checkpoint that verifies and restores, after
     checking that the run config still matches it (a changed run is refused, not resumed)."""
     restored: list[DeptStrategy] = []
 
     def restore(checkpoint: Checkpoint) -> None:
         check_same_run(cfg, checkpoint.state["run_config"])
-        strategy = _build_strategy(cfg, str(checkpoint.state["strategy"]["run_id"]))
+        strategy = build(str(checkpoint.state["strategy"]["run_id"]))
         strategy.resume(checkpoint.tensors, checkpoint.state["strategy"], checkpoint.server_round)
         restored.append(strategy)
 
@@ -167,7 +185,7 @@ def _resume(cfg: DeptConfig, out_dir: Path) -> tuple[DeptStrategy, Checkpoint]:
     return strategy, checkpoint
 
 
-def _build_strategy(cfg: DeptConfig, run_id: str) -> DeptStrategy:
+def _build_strategy(cfg: DeptConfig, run_id: str, *, simulation: bool) -> DeptStrategy:
     tensors, embedding_names = initial_tensors(cfg)
     outer = OuterOptimizer(
         tensors, kind=cfg.outer_optimizer, lr=cfg.outer_lr, momentum=cfg.outer_momentum
@@ -177,23 +195,12 @@ def _build_strategy(cfg: DeptConfig, run_id: str) -> DeptStrategy:
         outlier_action=cfg.outlier_action,
         trim_fraction=cfg.trim_fraction,
         update_norm_factor=cfg.update_norm_factor,
-        reach=functools.partial(max_round_update, cfg),
+        reach=functools.partial(max_span_update, cfg),
     )
     pins = cfg.source_keys_file
-    return DeptStrategy(
-        outer=outer,
-        embedding_names=embedding_names,
-        trim=variant(cfg.variant).embeddings == "rows",
-        compression=cfg.compression,
-        topk_density=cfg.topk_density,
-        spool_dir=resolve_path(cfg.output_dir) / SPOOL_DIR,
-        defences=defences,
-        pinned=load_source_keys(resolve_path(pins)) if pins else None,
-        interference=cfg.interference,
-        fragments=cfg.fragments,
-        fragment_period=cfg.fragment_period,
-        local_steps=cfg.local_steps,
+    settings = StrategySettings(
         run_id=run_id,
+        local_steps=cfg.local_steps,
         fraction_train=cfg.fraction_train,
         min_train_nodes=cfg.min_train_nodes,
         min_train_replies=cfg.min_train_replies,
@@ -204,7 +211,19 @@ def _build_strategy(cfg: DeptConfig, run_id: str) -> DeptStrategy:
         max_tokens_per_round=cfg.step_cap * cfg.grad_accum_steps * cfg.batch_size * cfg.seq_len,
         num_rounds=cfg.num_server_rounds,
         seed=cfg.seed,
+        embedding_names=embedding_names,
+        trim=variant(cfg.variant).embeddings == "rows",
+        compression=cfg.compression,
+        topk_density=cfg.topk_density,
+        spool_dir=resolve_path(cfg.output_dir) / SPOOL_DIR,
+        defences=defences,
+        pinned=load_source_keys(resolve_path(pins)) if pins else None,
+        interference=cfg.interference,
+        fragments=cfg.fragments,
+        fragment_period=cfg.fragment_period,
+        simulation=simulation,
     )
+    return DeptStrategy(outer, settings)
 
 
 @dataclass(frozen=True)

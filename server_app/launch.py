@@ -7,9 +7,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import dataclasses
 import json
-import math
 import os
 import subprocess
 import sys
@@ -23,19 +21,24 @@ from typing import IO, Any
 import click
 from flwr.common.config import parse_config_args
 
-from dept.budget import Device, check_server_fits, check_source_fits, gb, server_need
 from dept.cli_help import add_run_config_option
-from dept.config import ConfigError, DeptConfig, config_keys, load_config, resolve_path
-from dept.devices import resolve_device
-from dept.distributed import check_nproc
-from dept.lock import check_folder_free
-from dept.model import model_choice
-from dept.sharing import shared_vocab_size
-from dept.sources import SourceSpec, check_source_paths, run_sources
+from dept.config import ConfigError, config_keys, load_config
+from dept.data.sources import check_source_paths, run_sources
+from dept.model.families import model_choice
+from dept.paths import default_state_root, resolve_path
+from dept.state.lock import check_folder_free, release_lock
 from server_app.local_runtime import HTTP_PORT_VARIABLE, LocalRuntime, Stopped, stop_signals
 from server_app.resume import RESUME_OPTIONS, check_resumable, resume_hint, resume_overrides
 from server_app.run_log import relay
 from server_app.run_status import DEBUG_VARIABLE, STATUS_FILE, one_line, read_status
+from server_app.sizing import (
+    ClientShare,
+    check_fits_here,
+    client_gpus,
+    client_share,
+    machine_cores,
+    visible_gpus,
+)
 
 PATH_KEYS = ("sources-file", "output-dir", "state-dir")
 FLOWER_HOME = ".flwr"  # the run's own Flower home, in its output folder
@@ -49,7 +52,8 @@ Plain "flwr run ." starts two simulated SuperNodes, hides GPUs from ClientApps
 and shares one background SuperLink (fixed ports) with every user of the
 machine. dept run validates the run config, sources and output folder first (a
 typo fails in a second, naming the key), starts one SuperNode per source, gives
-each client an equal share of the visible GPUs, makes relative paths absolute,
+each client an equal share of the visible GPUs and of the CPU cores (its torch
+threads), so as many train at once as the machine holds, makes relative paths absolute,
 runs its own SuperLink on free loopback ports with its own Flower home
 (OUTPUT_DIR/.flwr; FLWR_HOME and FLWR_LOCAL_SUPERLINK_HTTP_API_PORT are
 honoured), turns off Flower's per-run dependency installation (it would
@@ -108,49 +112,14 @@ def _is_path(key: str, value: Any) -> bool:
     return key in PATH_KEYS
 
 
-def visible_gpus(cfg: DeptConfig) -> int:
-    """GPUs this run's clients may share: none where the run trains on the CPU."""
-    if cfg.device in ("cpu", "mps"):
-        return 0
-    import torch
-
-    return torch.cuda.device_count()
-
-
-def gpu_share(num_clients: int, gpus: int) -> float:
-    """The GPU fraction per client that Ray can place with every client running at once.
-
-    Ray puts a fractional request on one GPU, never across two, so ``ceil(n / g)`` clients
-    share each GPU (a share of ``g / n``, e.g. 0.67 for 3 clients on 2 GPUs, fits once per
-    GPU and leaves a client unscheduled). Ray counts GPUs in steps of 1e-4, so the share is
-    rounded down to that.
-    """
-    if gpus == 0 or num_clients == 0:
-        return 0.0
-    per_gpu = math.ceil(num_clients / gpus)
-    return math.floor(10_000 / per_gpu) / 10_000
-
-
-def client_gpus(num_clients: int, gpus: int, sources: list[SourceSpec]) -> float:
-    """GPUs per simulated client: one per process where a source trains on several
-    (``nproc``; Flower asks the same of every client, so the largest sets it, and Ray runs
-    as many clients at once as it can give that many GPUs), else :func:`gpu_share`."""
-    widest = max(sources, key=lambda s: s.nproc)
-    if widest.nproc == 1 or gpus == 0:  # several processes on the CPU need no GPU
-        return gpu_share(num_clients, gpus)
-    if widest.nproc > gpus:
-        raise ConfigError(
-            f"source {widest.name!r} key 'nproc' ({widest.nproc}): one GPU per process, but "
-            f"{gpus} are visible here"
-        )
-    return float(widest.nproc)
-
-
 def build_command(
-    app: Path, run_config: dict[str, Any], num_nodes: int, gpus: float, stream: bool
+    app: Path, run_config: dict[str, Any], num_nodes: int, share: ClientShare, stream: bool
 ) -> list[str]:
     overrides = " ".join(f"{k}={_toml(v)}" for k, v in run_config.items())
-    federation = f"num-supernodes={num_nodes} client-resources-num-gpus={gpus}"
+    federation = (
+        f"num-supernodes={num_nodes} client-resources-num-gpus={share.gpus} "
+        f"client-resources-num-cpus={share.cpus}"
+    )
     command = [
         "flwr",
         "run",
@@ -169,25 +138,6 @@ def _toml(value: Any) -> str:
     if isinstance(value, str):
         return json.dumps(value)  # a TOML basic string: quotes and backslashes escaped
     return repr(value)
-
-
-def check_fits_here(cfg: DeptConfig, sources: list[SourceSpec]) -> None:
-    """The server and every client of this simulation fit this machine (:mod:`dept.budget`)."""
-    if cfg.device.startswith("cuda:") and cfg.device != "cuda:0":
-        raise ConfigError(
-            f"config key 'device' is {cfg.device!r}, but in a simulation Ray gives each client "
-            "its GPU share as its only visible GPU (cuda:0): use 'cuda' or 'auto' (cuda:N is "
-            "for a SuperNode's node config)"
-        )
-    check_server_fits(cfg, shared_vocab_size(cfg), Device.here("cpu").memory)
-    device = Device.here(resolve_device(cfg.device).type)
-    if device.kind == "cpu":  # one machine's memory holds the server and a training client
-        server = server_need(cfg, shared_vocab_size(cfg))
-        beside = f"the server's {gb(server)}"
-        device = dataclasses.replace(device, memory=device.memory - server, beside=beside)
-    for spec in sources:
-        check_source_fits(cfg, spec, device)
-        check_nproc(cfg, spec)
 
 
 def keys_help() -> str:
@@ -299,19 +249,22 @@ def _launch(args: argparse.Namespace) -> int:
         check_resumable(cfg, out_dir)
     check_fits_here(cfg, sources)
     num_nodes = args.num_supernodes or len(sources)
+    visible = visible_gpus(cfg)
     gpus = (
-        client_gpus(num_nodes, visible_gpus(cfg), sources)
+        client_gpus(num_nodes, visible, sources)
         if args.gpus_per_client is None
         else args.gpus_per_client
     )
+    share = client_share(num_nodes, gpus, visible, machine_cores())
     runtime = LocalRuntime.for_run(out_dir / FLOWER_HOME, dict(os.environ))
     # --stream also makes flwr run wait for the run's end, which dept run needs
-    command = build_command(app, overrides, num_nodes, gpus, stream=True)
+    command = build_command(app, overrides, num_nodes, share, stream=True)
     print(
-        f"dept run: {num_nodes} SuperNodes, {gpus} GPU each; SuperLink on 127.0.0.1:"
+        f"dept run: {num_nodes} SuperNodes, {share.describe()}; SuperLink on 127.0.0.1:"
         f"{runtime.http_port}; outputs in {cfg.output_dir}",
         flush=True,
     )
+    print(f"dept run: {state_line(cfg.state_dir)}", flush=True)
     env = runtime.env(dict(os.environ))
     if args.debug:
         env[DEBUG_VARIABLE] = "1"
@@ -365,9 +318,22 @@ def _flwr_run(command: list[str], env: dict[str, str], output: IO[str]) -> int:
         process.stdout.close()
 
 
+def state_line(state_dir: str) -> str:
+    """Where the nodes keep tokenizers, token caches and round state, said at every start:
+    the default is shared by all of the user's runs."""
+    if state_dir:
+        return f"state: {state_dir} (config key state-dir)"
+    home = str(default_state_root()).replace(str(Path.home()), "~", 1)
+    return f"state: {home} (shared by your runs; state-dir='...' to change)"
+
+
 def _stopped(stop: Stopped, runtime: LocalRuntime, out_dir: Path) -> int:
-    """Stop every process of the run; one line says what can be resumed."""
+    """Stop every process of the run; one line says what can be resumed. Once they are all
+    gone the folder's lock is let go as a clean end would: its holder was stopped, not
+    crashed, so the resume that follows has no stale lock to report."""
     left = runtime.stop()
+    if not left:
+        release_lock(out_dir)
     resume = resume_hint(out_dir) or "no round was checkpointed, so a new run starts from scratch"
     alive = f"; still alive: pids {', '.join(str(p.pid) for p in left)}" if left else ""
     print(f"\ndept run: stopped by {stop.name}{alive}; {resume}", file=sys.stderr, flush=True)

@@ -17,11 +17,12 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import signal
 import socket
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -36,8 +37,14 @@ TOKEN_VARIABLE = "DEPT_RUN_TOKEN"
 HTTP_PORT_VARIABLE = "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT"
 CONTROL_PORT_VARIABLE = "FLWR_LOCAL_CONTROL_API_PORT"
 RAY_TIP_FILTER = "ignore::FutureWarning:ray._private.worker"
+# Where free ports are looked for: below Linux's default ephemeral ports (32768-60999) and
+# above Ray's worker ports (10002-19999). The tests give each of their workers a part.
+PORT_SPAN_VARIABLE = "DEPT_PORT_SPAN"
+PORT_SPAN = range(20_000, 32_768)
+PORT_PROBES = 200
 GRACE_S = 10.0  # SIGTERM, then this long, then SIGKILL
 STOP_DEADLINE_S = 25.0  # everything gone within this, or reported
+PROC = Path("/proc")
 
 
 @dataclass
@@ -93,8 +100,16 @@ class LocalRuntime:
             return False
 
     def processes(self) -> list[psutil.Process]:
-        """This run's living processes: those whose environment carries its token."""
-        return list(processes_with(TOKEN_VARIABLE, self.token))
+        """This run's living processes: those whose environment carries its token, and every
+        process they started. A process can write over its own environment: Ray's dashboard
+        and runtime-env agents write their title there (setproctitle), the token with it,
+        and lived on after the run stopped; their parent, the raylet, keeps it."""
+        found: dict[int, psutil.Process] = {}
+        for carrier in processes_with(TOKEN_VARIABLE, self.token):
+            found[carrier.pid] = carrier
+            with contextlib.suppress(psutil.Error):  # ended meanwhile
+                found.update((child.pid, child) for child in carrier.children(recursive=True))
+        return list(found.values())
 
     def stop(self, grace_s: float = GRACE_S) -> list[psutil.Process]:
         """SIGTERM every process of this run, SIGKILL what is left after ``grace_s``, and
@@ -142,13 +157,24 @@ def stop_signals() -> Iterator[None]:
 def processes_with(variable: str, value: str) -> Iterator[psutil.Process]:
     """Processes of this user whose environment has ``variable=value`` (others' are not
     readable and are skipped, as are processes that end while being read)."""
-    me = os.getpid()
+    me, entry = os.getpid(), os.fsencode(f"{variable}={value}")
     for process in psutil.process_iter():
-        try:
-            if process.pid != me and process.environ().get(variable) == value:
-                yield process
-        except (psutil.AccessDenied, psutil.NoSuchProcess, psutil.ZombieProcess):
-            continue
+        if process.pid != me and entry in environment_entries(process):
+            yield process
+
+
+def environment_entries(process: psutil.Process) -> list[bytes]:
+    """Every ``NAME=value`` of ``process``'s environment block; none where it cannot be read.
+
+    On Linux the block is read whole from /proc: a process that wrote its title over the
+    block's start (setproctitle, as Ray's agents do) leaves a run of NULs there, where
+    psutil's parser stops, and every entry after them would go unseen."""
+    try:
+        if PROC.is_dir():
+            return (PROC / str(process.pid) / "environ").read_bytes().split(b"\0")
+        return [os.fsencode(f"{k}={v}") for k, v in process.environ().items()]
+    except (OSError, psutil.Error):  # another user's, or ended meanwhile
+        return []
 
 
 def stop_processes(
@@ -189,6 +215,35 @@ def _port(environ: dict[str, str], variable: str) -> int:
         if not value.isdigit() or not 0 < int(value) < 65536:
             raise ConfigError(f"environment variable {variable}={value!r} is not a port number")
         return int(value)
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
+    return free_port(environ)
+
+
+def free_port(environ: Mapping[str, str] | None = None) -> int:
+    """A loopback port free now, from :data:`PORT_SPAN_VARIABLE`'s span (default
+    :data:`PORT_SPAN`). Not the kernel's ``bind(0)``: that hands out ephemeral ports, which
+    every outgoing connection also takes, so one could take the port between this probe and
+    the server's bind; below that range only another probe could."""
+    span = port_span((os.environ if environ is None else environ).get(PORT_SPAN_VARIABLE))
+    for port in random.Random().sample(span, min(PORT_PROBES, len(span))):
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        return port
+    raise ConfigError(
+        f"no free loopback port among {PORT_PROBES} tried in {span.start}-{span.stop - 1} "
+        f"({PORT_SPAN_VARIABLE})"
+    )
+
+
+def port_span(text: str | None) -> range:
+    """``LOW-HIGH`` (inclusive) as a range; the default span where ``text`` is empty."""
+    if not text:
+        return PORT_SPAN
+    low, sep, high = text.partition("-")
+    if not (sep and low.isdigit() and high.isdigit() and 0 < int(low) <= int(high) < 65536):
+        raise ConfigError(
+            f"environment variable {PORT_SPAN_VARIABLE}={text!r} is not a port span LOW-HIGH"
+        )
+    return range(int(low), int(high) + 1)

@@ -32,11 +32,11 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from dept import keys
 from dept.config import DeptConfig, to_run_config
-from dept.files import save_tensors
-from dept.model import position_count
-from dept.variants import variant
+from dept.model.families import position_count
+from dept.model.variants import variant
+from dept.state.files import save_tensors
+from dept.wire import keys
 from dept_strategy.history import RunHistory, source_row
 from server_app.diagnostics import (
     DRIFT_PLOT,

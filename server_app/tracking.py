@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from dept.config import DeptConfig, to_run_config
-from dept.train import lr_at
+from dept.train.local import lr_at
 
 log = logging.getLogger(__name__)
 TENSORBOARD_DIR = "tensorboard"  # in output-dir

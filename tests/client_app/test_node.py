@@ -4,7 +4,7 @@ import pytest
 
 from client_app.node import node_setup, served_sources
 from dept.config import ConfigError, load_config
-from dept.sources import load_sources
+from dept.data.sources import load_sources
 from tests.helpers import debug_run_config
 
 

@@ -19,13 +19,14 @@ from flwr.app import ConfigRecord, Message, MessageType, RecordDict
 from client_app import channel
 from client_app.app import app as client_app
 from client_app.warm import FOLDER, LIFE_LOCK, SOCKET, TOKEN, WarmWorker
-from dept import keys
+from dept.wire import keys
 from server_app.federation import run_federation
 from server_app.local_grid import LocalGrid
 from tests.helpers import debug_run_config, share_cache
 
 SOURCES = ("latin", "greek")
-MID_CALL_S = 0.5  # into a 150-step round of the debug model: seconds from its end
+MID_CALL_S = 0.5  # into the victim's round 2 call, which trains at least 2 s (its steps wait)
+VICTIM_STEP_DELAY_S = 0.05  # its node's step-delay-s: 40 steps are 2 s however fast the CPU
 VICTIM_NODE = 1  # LocalGrid numbers nodes from 1: SOURCES[0]
 
 
@@ -50,9 +51,19 @@ def kill_workers(root: Path) -> list[int]:
         os.kill(pid, signal.SIGKILL)
     for pid in pids:  # gone, not only signalled, before the caller goes on
         deadline = time.monotonic() + 10
-        while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
+        while not _dead(pid) and time.monotonic() < deadline:
             time.sleep(0.05)
     return pids
+
+
+def _dead(pid: int) -> bool:
+    """Whether ``pid`` has exited: gone, or a zombie (the warm client started it and has
+    not reaped it; it stays in /proc until then)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return True
+    return state == "Z"
 
 
 @pytest.fixture
@@ -147,9 +158,11 @@ class MidCallGrid(RoundTwoGrid):
 def test_a_worker_killed_mid_call_fails_that_call_cleanly_and_the_next_one_works(
     root: Path, node_cache: Path
 ) -> None:
-    run_config = debug_run_config(root, **{"num-server-rounds": 2, "local-steps": 150})
+    run_config = debug_run_config(root, **{"num-server-rounds": 2, "local-steps": 40})
     victim = root / "state" / SOURCES[0]
-    grid = MidCallGrid(victim, client_app, nodes(root, node_cache, True), run_config)
+    served = nodes(root, node_cache, True)
+    served[0]["step-delay-s"] = VICTIM_STEP_DELAY_S
+    grid = MidCallGrid(victim, client_app, served, run_config)
     out = run_federation(grid, run_config).out_dir
 
     rounds = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
@@ -162,6 +175,7 @@ def test_a_worker_killed_mid_call_fails_that_call_cleanly_and_the_next_one_works
     assert not (victim / FOLDER / SOCKET).exists() or worker_pids(victim)
 
 
+@pytest.mark.slow
 def test_a_call_without_the_node_token_is_refused(root: Path, node_cache: Path) -> None:
     node = nodes(root, node_cache, warm=True)[0]
     run_config = debug_run_config(root)

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from dept.config import ConfigError, DeptConfig
-from dept.sources import load_sources
+from dept.data.sources import load_sources
 from dept_cli import compare
 from dept_cli.comparison_report import render_markdown
 from dept_cli.methods import METHODS
@@ -21,6 +21,7 @@ from tests.helpers import share_cache, synthetic_sources
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.slow
 def test_compare_runs_every_method_and_reports_a_crash(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, node_cache: Path
 ) -> None:
@@ -206,6 +207,7 @@ def test_a_byte_budget_gives_a_denser_tokenizer_fewer_rounds() -> None:
     assert rates.rounds("spec-opt", 1, 1000) == 1, "never zero rounds"
 
 
+@pytest.mark.slow
 def test_compare_by_bytes_trains_every_method_on_the_same_text(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, node_cache: Path
 ) -> None:

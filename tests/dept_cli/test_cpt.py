@@ -8,13 +8,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from dept.baselines import run_standard
 from dept.config import load_config
-from dept.data import load_source_text
-from dept.model import body_state, build_model
-from dept.sources import load_sources
-from dept.vocab import load_tokenizer
-from dept.workspace import own_tokenizer
+from dept.data.corpus import load_source_text
+from dept.data.sources import load_sources
+from dept.data.vocab import load_tokenizer
+from dept.model.families import body_state, build_model
+from dept.state.workspace import own_tokenizer
+from dept.train.baselines import run_standard
 from dept_cli import cpt
 from tests.helpers import debug_run_config, share_cache, synthetic_sources
 
@@ -52,6 +52,7 @@ def test_cpt_starts_from_the_given_body_with_fresh_embeddings(tmp_path: Path) ->
     assert not all(torch.equal(run.body[k], trained[k]) for k in trained), "the body trains on"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("model", "variant"),
     [("debug", "spec-opt"), ("gpt2:debug", "glob")],  # GLOB's body carries the shared ψ

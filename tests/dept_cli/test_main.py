@@ -24,7 +24,7 @@ def test_help_lists_every_command(capsys: pytest.CaptureFixture[str]) -> None:
     assert exit_code(["--help"]) == 0
     out = capsys.readouterr().out
     for name, command in COMMANDS.items():
-        assert f"  {name:<9}{command.summary}" in out
+        assert f"  {name:<13}{command.summary}" in out
 
 
 def test_no_command_shows_the_list_and_fails(capsys: pytest.CaptureFixture[str]) -> None:

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from dept import model as dm
+from dept.model import families as dm
 from dept_cli.main import main
 
 

@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 
 from dept.config import load_config
-from dept.source_client import SourceClient
-from dept.sources import load_sources
-from dept.synthetic import ensure_synthetic_corpus
-from dept.workspace import Workspace
+from dept.data.sources import load_sources
+from dept.data.synthetic import ensure_synthetic_corpus
+from dept.state.workspace import Workspace
+from dept.train.source_client import SourceClient
 from dept_cli.main import main
 from dept_cli.prepare import prepare_node
 from tests.helpers import debug_run_config, synthetic_sources

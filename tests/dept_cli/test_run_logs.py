@@ -25,13 +25,13 @@ def test_every_line_of_a_run_is_labelled_and_kept_in_its_file(tmp_path: Path) ->
 
     try:
         with run_logging("spec-opt lr 0.01", path):
-            logging.getLogger("dept.train").info("step %d of %s", 3, "100%")
+            logging.getLogger("dept.train.local").info("step %d of %s", 3, "100%")
             flwr.info("a table\nof two lines")
             try:
                 raise FloatingPointError("loss became nan")
             except FloatingPointError:
                 logging.getLogger("dept_cli.compare").exception("crashed")
-        logging.getLogger("dept.train").info("after the run")
+        logging.getLogger("dept.train.local").info("after the run")
     finally:
         flwr.removeHandler(terminal)
         for name in PROJECT_LOGGERS:  # route_to gave them Flower's handlers
@@ -40,7 +40,7 @@ def test_every_line_of_a_run_is_labelled_and_kept_in_its_file(tmp_path: Path) ->
     lines = path.read_text().splitlines()
     starts = [line for line in lines if line.startswith("20")]  # a record's first line
     assert [line.split(" ", 3)[2:] for line in starts] == [
-        ["dept.train", LABEL + "step 3 of 100%"],
+        ["dept.train.local", LABEL + "step 3 of 100%"],
         ["flwr", LABEL + "a table"],
         ["dept_cli.compare", LABEL + "crashed"],
     ]
@@ -59,6 +59,7 @@ def test_every_line_of_a_run_is_labelled_and_kept_in_its_file(tmp_path: Path) ->
     assert "after the run" not in path.read_text()
 
 
+@pytest.mark.slow
 def test_runs_in_parallel_workers_label_their_lines(
     tmp_path: Path, debug_config: DeptConfig, capfd: pytest.CaptureFixture[str]
 ) -> None:

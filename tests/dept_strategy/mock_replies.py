@@ -5,20 +5,20 @@ import numpy as np
 import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 
-from dept import keys
+from dept.wire import keys
 from dept_strategy.inflight import Target
 from dept_strategy.outer import OuterOptimizer
+from dept_strategy.settings import StrategySettings
 from dept_strategy.strategy import DeptStrategy
 
 BODY = {"a": torch.ones(2, 3), "b": torch.zeros(4)}
 
 
 def mock_strategy(**kwargs) -> DeptStrategy:
-    return DeptStrategy(
-        local_steps=5,
-        run_id="r",
-        **{"outer": OuterOptimizer(BODY, kind="fedavg"), "wait_for_nodes_s": 1.0, **kwargs},
-    )
+    """A strategy over :data:`BODY`; ``kwargs``: ``outer`` and :class:`StrategySettings`."""
+    outer = kwargs.pop("outer", None) or OuterOptimizer(BODY, kind="fedavg")
+    settings = {"local_steps": 5, "run_id": "r", "wait_for_nodes_s": 1.0, **kwargs}
+    return DeptStrategy(outer, StrategySettings(**settings))
 
 
 def instruction_to(strategy: DeptStrategy, node: int, source: str) -> Message:

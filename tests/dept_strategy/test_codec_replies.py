@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from dept.compression import INDEX_SUFFIX, SCALE_SUFFIX, decode, encode
+from dept.wire.compression import INDEX_SUFFIX, SCALE_SUFFIX, decode, encode
 from tests.dept_strategy.mock_replies import BODY, mock_strategy, train_reply
 
 Payload = dict[str, torch.Tensor]

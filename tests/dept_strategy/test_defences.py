@@ -5,8 +5,8 @@ import pytest
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 
-from dept import keys
-from dept.compression import SCALE_SUFFIX, encode
+from dept.wire import keys
+from dept.wire.compression import SCALE_SUFFIX, encode
 from dept_strategy.screening import Defences
 from server_app.local_grid import LocalGrid
 from tests.dept_strategy.mock_replies import BODY, instruction_to, mock_strategy, train_reply

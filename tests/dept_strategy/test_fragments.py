@@ -5,8 +5,9 @@ import numpy as np
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Error, Message
 
-from dept import keys
+from dept.wire import keys
 from dept_strategy.outer import OuterOptimizer
+from dept_strategy.screening import Defences
 from server_app.local_grid import LocalGrid
 from tests.dept_strategy.mock_replies import instruction_to, mock_strategy, train_reply
 from tests.helpers import directory_app
@@ -105,3 +106,21 @@ def test_one_fragment_sends_the_whole_body_without_fragment_keys() -> None:
     config = message.content.config_records[keys.CONFIG]
     assert keys.FRAGMENT_VERSIONS not in config and keys.FRAGMENT_SYNC not in config
     assert set(message.content[keys.ARRAYS].keys()) == set(BODY)
+
+
+def test_a_fragment_is_bounded_over_the_rounds_since_its_base_as_the_server_sent_it() -> None:
+    # Prepare: one round's training moves a weight 0.01 at most; round 1 syncs fragment 1
+    strategy = _strategy(defences=Defences(reach=lambda rounds, biggest: 0.01 * len(rounds)))
+    strategy.aggregate_train(1, [train_reply(strategy, 1, _delta(0.005), 1, "a")])
+    # Execute: round 3 syncs it again; its Δ holds rounds 2 and 3 (its base came of round 1)
+    honest = train_reply(strategy, 1, _delta(0.015), 1, "a")
+    loud = train_reply(strategy, 2, _delta(0.15), 1, "b")
+    # a node that says its base is the initial body's (three rounds) gets no more room
+    claims = train_reply(strategy, 3, _delta(0.025), 1, "c")
+    claims.content.config_records[keys.INFO][keys.FRAGMENT_VERSIONS] = [0, 0]
+    strategy.aggregate_train(3, [honest, loud, claims])
+    # Assert: two rounds' worth passes; ten times that, or three rounds', is clipped
+    clipped = {c["source"]: c["reason"] for c in strategy.history.rounds[3].clipped}
+    assert clipped.keys() == {"b", "c"}
+    assert "beyond what this round's local training can move a weight (0.01)" in clipped["c"]
+    assert list(strategy.history.rounds[3].train) == ["a", "b", "c"]

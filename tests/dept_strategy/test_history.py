@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from dept import keys
+from dept.wire import keys
 from dept_strategy.history import RunHistory
 
 
@@ -53,3 +53,17 @@ def test_sources_that_never_counted_are_named_with_their_reasons() -> None:
     assert history.unserved_nodes() == {"5": "source lost: ConfigError: no data"}, (
         "node 4 failed only before the last round; node 5 in it too"
     )
+
+
+def test_the_mean_bpb_does_not_depend_on_the_order_replies_arrived_in() -> None:
+    # Prepare: three values whose float sum depends on its order
+    values = {"a": 0.1, "b": 0.2, "c": 0.3}
+    assert (0.1 + 0.2) + 0.3 != (0.3 + 0.2) + 0.1
+    histories = [RunHistory(body_params=10, local_steps=5) for _ in range(2)]
+    # Execute: the same evaluations, arriving in two orders
+    for history, order in zip(histories, ("abc", "cba"), strict=True):
+        for source in order:
+            history.record_eval(1, source, {keys.VAL_BPB: values[source]})
+    # Assert
+    means = [h.round_json(1)["avg_val_bpb"] for h in histories]
+    assert means[0] == means[1] == ((0.1 + 0.2) + 0.3) / 3

@@ -4,7 +4,7 @@ import math
 import pytest
 import torch
 
-from dept.outer_optimizers import FEDADAM_BETA2, FEDADAM_EPS
+from dept.model.outer_optimizers import FEDADAM_BETA2, FEDADAM_EPS
 from dept_strategy.outer import OuterOptimizer
 
 

@@ -41,6 +41,7 @@ def _traced_peak(replies: int, rule: str, poisoned: bool, tmp_path) -> float:
     return peak / BODY_BYTES
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("rule", "poisoned", "bound"),
     [("mean", False, 2.2), ("mean", True, 2.2), ("median", False, 1.3)],

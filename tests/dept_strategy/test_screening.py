@@ -51,6 +51,26 @@ def test_honest_spread_is_kept_and_the_reference_is_the_median() -> None:
     assert median_stats([]) is None
 
 
+def test_without_the_relative_check_a_reply_beyond_reach_is_scaled_to_the_reach_only() -> None:
+    # Two replies and no previous round: no median to scale to (one of the two is itself)
+    refused = screen(
+        [_stats(0.01, biggest=0.3), _stats(0.002)], reach=0.1, factor=10, previous=None
+    )
+    assert list(refused) == [0]
+    assert refused[0].shrink == pytest.approx(0.1 / 0.3), "to the reach, not to a median"
+
+
+def test_a_tensor_sized_in_rounds_meets_the_bound_of_its_span() -> None:
+    # A fragment that spans 3 rounds may move 3 rounds' worth: sized in rounds it is 1 round
+    tally = SizeTally(embedding_names=(), units={"frag": 3.0})
+    tally.add("frag", np.full(4, 0.3, np.float32))
+    tally.add("whole", np.full(4, 0.05, np.float32))
+    stats = tally.stats()
+    assert stats.body_max == pytest.approx(0.1) and not screen(
+        [stats], reach=0.1, factor=0, previous=None
+    )
+
+
 def test_two_replies_without_a_previous_round_cannot_accuse_each_other() -> None:
     # A tiny update would make the honest one "100x the median" of two.
     assert not screen([_stats(1e-3), _stats(1e-5)], reach=0, factor=10, previous=None)

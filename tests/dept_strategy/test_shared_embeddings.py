@@ -5,7 +5,7 @@ import pytest
 import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, Error, Message, RecordDict
 
-from dept import keys
+from dept.wire import keys
 from dept_strategy.outer import OuterOptimizer
 from dept_strategy.strategy import DeptStrategy
 from server_app.local_grid import LocalGrid

@@ -7,7 +7,7 @@ import pytest
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Error, Message, MetricRecord, RecordDict
 
-from dept import keys
+from dept.wire import keys
 from dept_strategy.discovery import NotEnoughNodes
 from server_app.local_grid import LocalGrid
 from tests.dept_strategy.mock_replies import BODY, instruction_to, mock_strategy, train_reply

@@ -11,8 +11,8 @@ from flwr.app import Message
 from safetensors.torch import load_file
 
 from client_app.app import app as client_app
-from dept import keys
-from dept.model import body_state, build_model, position_count
+from dept.model.families import body_state, build_model, position_count
+from dept.wire import keys
 from server_app.federation import run_federation
 from server_app.local_grid import LocalGrid
 from tests.helpers import debug_run_config, synthetic_sources

@@ -11,10 +11,10 @@ from flwr.app import Array, Message
 from safetensors.torch import load_file
 
 from client_app.app import app as client_app
-from dept import keys
-from dept.lock import LOCK_FILE
-from dept.model import body_state, build_model
-from dept.workspace import init_embeddings
+from dept.model.families import body_state, build_model
+from dept.state.lock import LOCK_FILE
+from dept.state.workspace import init_embeddings
+from dept.wire import keys
 from dept_strategy.discovery import NotEnoughNodes
 from server_app.federation import run_federation
 from server_app.local_grid import LocalGrid

@@ -11,8 +11,10 @@ import pytest
 
 from server_app.launch import build_command
 from server_app.local_runtime import local_runtime
+from server_app.sizing import ClientShare, client_share, machine_cores
 
 PROJECT = Path(__file__).resolve().parents[2]
+CPU_ONLY = client_share(4, 0.0, 0, machine_cores())  # as dept run sizes four clients here
 
 
 @pytest.mark.slow
@@ -28,12 +30,15 @@ def test_flwr_run_simulation_debug_preset(tmp_path: Path) -> None:
         "output-dir": str(out),
         "state-dir": str(tmp_path / "state"),
     }
-    command = build_command(PROJECT, overrides, num_nodes=4, gpus=0.0, stream=True)
+    command = build_command(PROJECT, overrides, num_nodes=4, share=CPU_ONLY, stream=True)
+    # as a user runs it: no OMP_NUM_THREADS (the suite's one thread), so the clients' threads
+    # are their CPU share alone
+    user_env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
     with local_runtime(tmp_path / "flwr-home") as runtime:  # own ports; stopped after
         done = subprocess.run(
             command,
             cwd=PROJECT,
-            env=runtime.env(dict(os.environ)),
+            env=runtime.env(user_env),
             capture_output=True,
             text=True,
             timeout=600,
@@ -45,6 +50,8 @@ def test_flwr_run_simulation_debug_preset(tmp_path: Path) -> None:
     assert len(summary["sources"]) == 4, log[-3000:]
     assert summary["avg_val_bpb"] < summary["initial_avg_val_bpb"]
     assert "round 2/2 done" in log and "validation bits per byte" in log
+    threads = f"trains on cpu ({CPU_ONLY.cpus} thread{'' if CPU_ONLY.cpus == 1 else 's'})"
+    assert log.count(threads) == 4, "each client trains on its share of the cores"
 
 
 def test_launcher_command_sizes_the_federation() -> None:
@@ -52,9 +59,9 @@ def test_launcher_command_sizes_the_federation() -> None:
         PROJECT,
         {"model": "debug", "output-dir": "/o", "tie-embeddings": True},
         num_nodes=9,
-        gpus=0.25,
+        share=ClientShare(gpus=0.25, cpus=2, at_once=4),
         stream=False,
     )
     assert command[:3] == ["flwr", "run", str(PROJECT)]
-    assert "num-supernodes=9 client-resources-num-gpus=0.25" in command
+    assert "num-supernodes=9 client-resources-num-gpus=0.25 client-resources-num-cpus=2" in command
     assert 'model="debug" output-dir="/o" tie-embeddings=true' in command

@@ -11,7 +11,7 @@ import pytest
 from flwr.app import ArrayRecord
 
 from client_app.app import app as client_app
-from dept.fragments import partition, syncing
+from dept.wire.fragments import partition, syncing
 from server_app.federation import run_federation
 from server_app.local_grid import LocalGrid
 from tests.helpers import assert_same_training
@@ -69,7 +69,7 @@ def test_only_the_synced_fragments_travel(tmp_path: Path, node_cache: Path) -> N
     assert partial_downs > 0
 
 
-@pytest.mark.parametrize("outer", ["nesterov", "fedadam"])
+@pytest.mark.parametrize("outer", [pytest.param("nesterov", marks=pytest.mark.slow), "fedadam"])
 def test_a_killed_run_with_fragments_resumes_exactly(
     tmp_path: Path, node_cache: Path, outer: str
 ) -> None:
@@ -87,3 +87,45 @@ def test_a_killed_run_with_fragments_resumes_exactly(
     got = _final(run_federation(LocalGrid(client_app, NODES, resumed), resumed).out_dir)
     assert_same_training(got[0], expected[0], "cpu")
     assert_same_training(got[1], expected[1], "cpu")
+
+
+def _no_screening_problems(out: Path) -> list[dict]:
+    """Every clipped or rejected update of the run, from its summary and its rounds."""
+    summary = json.loads((out / "summary.json").read_text())
+    lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    screened = [u for line in lines for u in line["clipped"] + line["rejected"]]
+    return summary["problems"] + screened
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        # the run that logged 18 clippings: two fragments, each synced every other round
+        {
+            "fragments": 2,
+            "fragment-period": 2,
+            "num-server-rounds": 4,
+            "local-steps": 25,
+            "warmup-steps": 10,
+            "fraction-train": 1.0,
+        },
+        # four fragments of the 4-layer tiny body, half the sources sampled: one left out of
+        # a fragment's sync holds its Δ over more rounds
+        {
+            "model": "tiny",
+            "fragments": 4,
+            "fragment-period": 2,
+            "num-server-rounds": 4,
+            "local-steps": 25,
+            "warmup-steps": 10,
+            "fraction-train": 0.5,
+        },
+    ],
+    ids=["2x2", "4x2-sampled"],
+)
+def test_honest_fragments_are_neither_clipped_nor_rejected(
+    tmp_path: Path, node_cache: Path, settings: dict
+) -> None:
+    config = _config(tmp_path, "honest", node_cache, **{"variant": "spec-opt", **settings})
+    out = run_federation(LocalGrid(client_app, NODES, config), config).out_dir
+    assert _no_screening_problems(out) == []

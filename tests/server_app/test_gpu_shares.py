@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from dept.config import load_config
-from server_app.launch import gpu_share, visible_gpus
 from server_app.launch import main as dept_run
+from server_app.sizing import gpu_share, visible_gpus
 from tests.helpers import debug_run_config
 
 RAY_UNIT = 10_000  # Ray counts GPU fractions in steps of 1e-4

@@ -34,6 +34,19 @@ DETACHING_PARENT = (
     "start_new_session=True); print(p.pid, flush=True)"
 )
 STUBBORN = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(120)"
+# A process that blanks the first N entries of its environment block (all of them for 0),
+# as setproctitle does when it writes a long title over it (Ray's agents).
+RETITLED = """
+import ctypes, sys, time
+env = ctypes.POINTER(ctypes.c_void_p).in_dll(ctypes.CDLL(None), "environ")
+count = int(sys.argv[1])
+i = 0
+while env[i] and (i < count or not count):
+    ctypes.memset(env[i], 0, len(ctypes.string_at(env[i])))
+    i += 1
+print("retitled", flush=True)
+time.sleep(120)
+"""
 
 
 def test_two_runs_get_their_own_ports_home_and_token(tmp_path: Path) -> None:
@@ -107,6 +120,39 @@ def test_stop_ends_detached_and_stubborn_processes_and_only_the_runs(tmp_path: P
     finally:
         other.kill()
         stranger.stop(grace_s=0.5)
+
+
+def _retitled_command(blanked: int) -> list[str]:
+    return [sys.executable, "-c", RETITLED, str(blanked)]
+
+
+def _retitled(env: dict[str, str], blanked: int) -> subprocess.Popen:
+    """A process whose first ``blanked`` environment entries are NULs, once it said so."""
+    process = subprocess.Popen(_retitled_command(blanked), env=env, stdout=subprocess.PIPE)
+    assert process.stdout is not None and process.stdout.readline() == b"retitled\n"
+    return process
+
+
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="the environment block is Linux's /proc")
+def test_stop_finds_processes_that_wrote_over_their_environment(tmp_path: Path) -> None:
+    # Prepare: one lost only its first entry, the other its token too, but its parent has it
+    runtime = LocalRuntime.for_run(tmp_path, {})
+    env = {"A_TITLE_GOES_HERE": "x" * 40, **runtime.env(dict(os.environ))}
+    first = _retitled(env, blanked=1)
+    parent = _spawn(runtime, f"import subprocess; subprocess.run({_retitled_command(0)})")
+    assert parent.stdout is not None and parent.stdout.readline() == b"retitled\n"
+    (lost,) = psutil.Process(parent.pid).children()
+    try:
+        assert psutil.Process(first.pid).environ() == {}, "psutil's parser sees none of it"
+        # Execute
+        found = {p.pid for p in runtime.processes()}
+        left = runtime.stop(grace_s=0.5)
+        # Assert
+        assert found == {first.pid, parent.pid, lost.pid} and left == []
+        assert not any(psutil.pid_exists(p) for p in found)
+    finally:
+        for process in (first, parent):
+            process.kill()
 
 
 def test_the_first_signal_stops_and_a_second_does_not_interrupt_the_stopping() -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from client_app.app import app as client_app
-from dept.lock import LOCK_FILE, FolderInUse
+from dept.state.lock import LOCK_FILE, FolderInUse
 from server_app.federation import run_federation
 from server_app.local_grid import LocalGrid
 from tests.helpers import debug_run_config

@@ -15,7 +15,7 @@ import pytest
 from flwr.app import Message, MessageType
 
 from client_app.app import app as client_app
-from dept import keys
+from dept.wire import keys
 from server_app.federation import SPOOL_DIR, run_federation
 from server_app.local_grid import LocalGrid
 from tests.helpers import debug_run_config, share_cache
@@ -68,7 +68,7 @@ def test_a_source_joins_and_a_node_returns_with_its_embeddings(
     nodes = script_nodes(tmp_path, SCRIPTS, node_cache)
     grid = ChangingGrid(client_app, nodes, run_config)
 
-    clients = logging.getLogger("dept.source_client")  # not propagated: Flower's handlers
+    clients = logging.getLogger("dept.train.source_client")  # not propagated: Flower's handlers
     clients.addHandler(caplog.handler)
     try:
         out = run_federation(grid, run_config).out_dir
@@ -89,7 +89,7 @@ def test_a_source_joins_and_a_node_returns_with_its_embeddings(
     # A node says once where a source's embeddings came from: fresh, as each started here.
     # Records, not lines: pytest may hand one to caplog twice (it also attaches caplog to
     # the loggers that do not propagate).
-    said = {id(r): r.getMessage() for r in caplog.records if r.name == "dept.source_client"}
+    said = {id(r): r.getMessage() for r in caplog.records if r.name == "dept.train.source_client"}
     for script in SCRIPTS:
         [line] = [m for m in said.values() if m.startswith(f"{script}: embeddings")]
         assert line.startswith(f"{script}: embeddings fresh"), line

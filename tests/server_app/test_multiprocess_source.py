@@ -8,10 +8,10 @@ import pytest
 
 from client_app.app import app as client_app
 from dept.config import ConfigError, load_config
-from dept.sources import SourceSpec
+from dept.data.sources import SourceSpec
 from server_app.federation import run_federation
-from server_app.launch import check_fits_here, client_gpus, gpu_share
 from server_app.local_grid import LocalGrid
+from server_app.sizing import check_fits_here, client_gpus, gpu_share
 from tests.helpers import debug_run_config
 
 

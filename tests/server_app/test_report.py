@@ -12,8 +12,8 @@ from flwr.app import Error, Message, MessageType
 from flwr.common.constant import ErrorCode
 
 from client_app.app import app as client_app
-from dept import source_client
 from dept.config import load_config
+from dept.train import source_client
 from dept_strategy.history import source_row
 from server_app.federation import run_federation
 from server_app.local_grid import LocalGrid

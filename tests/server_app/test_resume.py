@@ -14,8 +14,8 @@ from flwr.app import Message, MessageType
 from safetensors.torch import load_file
 
 from client_app.app import app as client_app
-from dept import keys
 from dept.config import ConfigError
+from dept.wire import keys
 from server_app.checkpoint import CheckpointError, load_latest
 from server_app.federation import run_federation
 from server_app.local_grid import LocalGrid
@@ -100,8 +100,9 @@ def _final(out: Path) -> tuple[dict, dict[str, torch.Tensor]]:
         ("spec-opt", "nesterov", False, "debug", "cpu"),
         ("spec-opt", "nesterov", True, "debug", "cpu"),
         ("trim", "fedadam", False, "debug", "cpu"),  # V_k, row-wise φ and Adam's state too
-        ("spec-opt", "fedavg", False, "gpt2:debug", "cpu"),  # each source's ψ_k from its state
-        ("glob", "fedavg", False, "gpt2:debug", "cpu"),  # the shared ψ from the checkpoint
+        # each source's ψ_k from its state; the shared ψ from the checkpoint (slow: GPT-2)
+        pytest.param("spec-opt", "fedavg", False, "gpt2:debug", "cpu", marks=pytest.mark.slow),
+        pytest.param("glob", "fedavg", False, "gpt2:debug", "cpu", marks=pytest.mark.slow),
         pytest.param("trim", "nesterov", False, "debug", "cuda", marks=pytest.mark.gpu),
     ],
 )

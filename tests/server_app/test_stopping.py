@@ -1,5 +1,6 @@
 """``dept run`` on the real runtime: two runs at once, each on its own SuperLink, both
-finish; Ctrl-C and SIGTERM mid-round stop every process of a run and leave it resumable;
+finish; Ctrl-C and SIGTERM mid-round stop every process of a run and leave it resumable,
+in the foreground as in the background (``nohup dept run ... &``, no terminal);
 ``--resume`` finishes it, each round once."""
 
 from __future__ import annotations
@@ -42,13 +43,26 @@ def runs(tmp_path: Path) -> Iterator[list[Path]]:
         stop_processes(lambda out=out: list(_their_flower_home(out)), 1.0, 10.0)
 
 
-def _start(out: Path, *args: str) -> subprocess.Popen:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("FLWR_")}
-    command = [sys.executable, "-m", "dept_cli", "run", "--no-stream", *args]
-    if not args:
+def _command(out: Path, *args: str) -> list[str]:
+    """``dept run`` of a new run writing ``out``, or with ``--resume`` among ``args``."""
+    command = [sys.executable, "-m", "dept_cli", "run", *args]
+    if "--resume" not in args:
         command += ["-c", f"{SETTINGS} output-dir='{out}' state-dir='{out}-state'"]
+    return command
+
+
+def _env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if not k.startswith("FLWR_")}
+
+
+def _start(out: Path, *args: str) -> subprocess.Popen:
     return subprocess.Popen(
-        command, cwd=PROJECT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        _command(out, "--no-stream", *args),
+        cwd=PROJECT,
+        env=_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
 
 
@@ -69,13 +83,16 @@ def _stop(process: subprocess.Popen, out: Path, signum: int, after_round: int) -
     assert time.monotonic() - sent < STOP_WITHIN_S, err
     assert process.returncode == 128 + signum, err
     assert list(_their_flower_home(out)) == [], "a process of the stopped run is alive"
-    last = err.strip().splitlines()[-1]
+    assert err.strip().splitlines()[-1] == _stopped_line(out, signum, after_round), err
+    return err
+
+
+def _stopped_line(out: Path, signum: int, after_round: int) -> str:
     name = signal.Signals(signum).name
-    assert last == (
+    return (
         f"dept run: stopped by {name}; resume after round {after_round} with: "
         f"dept run --resume {out}"
-    ), err
-    return err
+    )
 
 
 def _finished(process: subprocess.Popen, out: Path) -> tuple[dict, str]:
@@ -112,9 +129,44 @@ def test_ctrl_c_and_sigterm_mid_round_stop_the_run_and_resume_finishes_it(
     resumed = _start(one, "--resume", str(one))
     _when_checkpointed(one, 2, resumed)
     _stop(resumed, one, signal.SIGTERM, after_round=2)
-    summary, _ = _finished(_start(one, "--resume", str(one)), one)
+    summary, printed = _finished(_start(one, "--resume", str(one)), one)
 
     assert summary["rounds"] == ROUNDS
+    # A clean stop is not a crash: no stale lock, no round-0 silence, no problem at all.
+    warnings = [
+        line for line in (printed + (one / "run.log").read_text()).splitlines() if "WARNING" in line
+    ]
+    assert warnings == [], warnings
+    assert summary["problems"] == [], summary["problems"]
     lines = (one / "metrics.jsonl").read_text().splitlines()
     rounds = [json.loads(line)["round"] for line in lines]
     assert rounds == list(range(ROUNDS + 1))  # each round once, in order
+
+
+@pytest.mark.slow
+def test_sigterm_stops_a_run_started_in_the_background_without_a_terminal(
+    tmp_path: Path, runs: list
+) -> None:
+    # Prepare: what `nohup dept run ... &` in a script gives: SIGINT and SIGHUP ignored,
+    # input from /dev/null, no controlling terminal, the log in a file
+    out, log = tmp_path / "bg", tmp_path / "nohup.out"
+    runs.append(out)
+    with log.open("w") as output:
+        shell = subprocess.Popen(
+            ["bash", "-c", 'nohup "$@" & wait $!', "bash", *_command(out)],
+            cwd=PROJECT,
+            env=_env(),
+            stdin=subprocess.DEVNULL,
+            stdout=output,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    _when_checkpointed(out, 1, shell)
+    (dept,) = psutil.Process(shell.pid).children()
+    # Execute
+    dept.send_signal(signal.SIGTERM)
+    # Assert
+    assert shell.wait(timeout=STOP_WITHIN_S + 10) == 128 + signal.SIGTERM, log.read_text()
+    last = log.read_text().strip().splitlines()[-1]
+    assert last == _stopped_line(out, signal.SIGTERM, after_round=1), log.read_text()[-3000:]
+    assert list(_their_flower_home(out)) == [], "a process of the stopped run is alive"

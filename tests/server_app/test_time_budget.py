@@ -11,8 +11,8 @@ import pytest
 from flwr.app import Message, MessageType
 
 from client_app.app import app as client_app
-from dept import keys
 from dept.config import ConfigError
+from dept.wire import keys
 from server_app.federation import run_federation
 from server_app.local_grid import LocalGrid
 from tests.helpers import debug_run_config, synthetic_sources
@@ -119,6 +119,7 @@ def _first_body(grid: RecordingGrid, server_round: int) -> dict[str, np.ndarray]
     )
 
 
+@pytest.mark.slow
 def test_a_budgeted_run_killed_mid_run_resumes_from_its_checkpoint(
     tmp_path: Path, node_cache: Path
 ) -> None:

@@ -16,7 +16,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 import server_app.federation
 from dept.config import ConfigError, load_config
-from dept.train import lr_at
+from dept.train.local import lr_at
 from dept_cli.in_process import federate_in_process
 from server_app import tracking
 from server_app.report import RunReport
@@ -144,6 +144,7 @@ def test_tensorboard_and_wandb_hold_every_round_of_metrics_jsonl(
     assert run["summary"]["config"]["variant"] == run_config["variant"], "the run config"
 
 
+@pytest.mark.slow
 def test_a_resumed_run_goes_on_in_the_same_folder_and_w_and_b_run(
     tmp_path: Path, wandb_offline: Path, monkeypatch: pytest.MonkeyPatch, node_cache: Path
 ) -> None:

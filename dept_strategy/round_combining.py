@@ -1,0 +1,163 @@
+"""How a training round's replies become one outer step: taken in and decoded one at a time
+(:mod:`dept_strategy.replies`), spooled and folded into a running mean
+(:mod:`dept_strategy.spool`, :mod:`dept_strategy.aggregate`), screened for size
+(:mod:`dept_strategy.screening`, fragments sized in rounds of training), diagnosed
+(:mod:`dept_strategy.diagnostics`), combined by the run's rule and stepped. The strategy
+(:class:`dept_strategy.strategy.DeptStrategy`) inherits this; it holds the state used here.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import math
+import tempfile
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+import numpy as np
+import torch
+from flwr.app import Message
+
+from dept_strategy.aggregate import RunningMean, combine
+from dept_strategy.diagnostics import round_diagnostics
+from dept_strategy.fragments import FragmentBook
+from dept_strategy.history import RunHistory
+from dept_strategy.inflight import InFlight
+from dept_strategy.outer import OuterOptimizer
+from dept_strategy.replies import Arrival, Intake, ReplyDesk
+from dept_strategy.screening import UpdateStats, screen
+from dept_strategy.settings import StrategySettings
+from dept_strategy.spool import RoundSpool
+
+log = logging.getLogger(__name__)
+
+
+class RoundCombining:
+    """The training round's combining step, over the strategy's state (declared here)."""
+
+    settings: StrategySettings
+    outer: OuterOptimizer
+    history: RunHistory
+    in_flight: InFlight
+    fragments: FragmentBook | None
+    embedding_names: tuple[str, ...]
+    spool_dir: Path | None
+    reference: UpdateStats | None
+    _round_shapes: Callable[[int], dict[str, tuple[int, ...]]]
+    _expected: Callable[..., tuple[dict[str, tuple[int, ...]], np.ndarray | None]]
+    _close: Callable[[ReplyDesk], None]
+
+    def _step(
+        self, server_round: int, replies: Iterable[Message], desk: ReplyDesk
+    ) -> list[Arrival] | None:
+        """Take the round's replies in, screen them, combine them and step the outer
+        optimizer; the replies that counted, or None (the model unchanged). Whatever the
+        round held (spool, running mean) is let go on return, before the body is serialised."""
+        rule, shapes = self.settings.defences.aggregation, self._round_shapes(server_round)
+        max_weight = (  # the reach's weight decay term bounds weights no larger than this
+            max(_largest(t) for t in self.outer.tensors().values())
+            if self.settings.defences.reach
+            else 0.0
+        )
+        with RoundSpool(self._spool(server_round)) as spool:
+            running = (
+                RunningMean(shapes, self.embedding_names, self.in_flight.sources())
+                if rule == "mean"
+                else None
+            )
+            intake = Intake(
+                functools.partial(self._expected, shapes),
+                self.settings.max_tokens_per_round,
+                self.settings.compression,
+                self.embedding_names,
+                spool,
+                running,
+                self.settings.topk_density,
+                self._units(server_round, max_weight),
+            )
+            arrivals = desk.take_train(replies, intake)
+            self._close(desk)
+            accepted = self._screen(server_round, arrivals, desk, max_weight)
+            if len(accepted) < self.settings.min_train_replies:
+                log.warning(
+                    "round %d: %d usable training replies, fewer than %d (config key "
+                    "'min-train-replies'); the model is unchanged",
+                    server_round,
+                    len(accepted),
+                    self.settings.min_train_replies,
+                )
+                return None
+            self._diagnose(server_round, accepted, shapes)
+            # In source order, not arrival order: the float32 mean rounds by order, and a
+            # deployment's arrival order is not the same twice (a resumed run must match);
+            # the running mean was folded in that order as far as arrivals allowed.
+            delta, frozen_rows = combine(
+                [a.spooled for a in sorted(accepted, key=lambda a: a.target.source)],
+                shapes,
+                self.embedding_names,
+                running,
+                rule=rule,
+                trim_fraction=self.settings.defences.trim_fraction,
+            )
+        self.outer.step(delta, frozen_rows)
+        return accepted
+
+    def _diagnose(
+        self, server_round: int, accepted: list[Arrival], shapes: dict[str, tuple[int, ...]]
+    ) -> None:
+        """The accepted updates' norms and, if on, their interference, read from the spool
+        (:mod:`dept_strategy.diagnostics`) into the round's record."""
+        start = time.perf_counter()
+        ordered = sorted(accepted, key=lambda a: a.target.source)  # rows alike every round
+        found = round_diagnostics(
+            [a.target.source for a in ordered],
+            [a.spooled for a in ordered],
+            shapes,
+            self.embedding_names,
+            interference=self.settings.interference,
+        )
+        self.history.record_diagnostics(server_round, found, time.perf_counter() - start)
+
+    def _spool(self, server_round: int) -> Path:
+        if self.spool_dir is None:
+            self.spool_dir = Path(tempfile.mkdtemp(prefix="dept-spool-"))
+        return self.spool_dir / f"round-{server_round:04d}"
+
+    def _units(self, server_round: int, max_weight: float) -> dict[str, float]:
+        """What a synced fragment tensor's Δ may hold, in rounds of training: its span's
+        reach over one round's (:class:`dept_strategy.screening.SizeTally`), for those that
+        span more than this round; none without fragments or a finite reach."""
+        reach = self.settings.defences.reach
+        if self.fragments is None or reach is None:
+            return {}
+        one = reach(range(server_round, server_round + 1), max_weight)
+        if not 0 < one < math.inf:
+            return {}
+        spans = self.fragments.spans(server_round)
+        return {n: reach(s, max_weight) / one for n, s in spans.items() if len(s) > 1}
+
+    def _screen(
+        self, server_round: int, arrivals: list[Arrival], desk: ReplyDesk, max_weight: float
+    ) -> list[Arrival]:
+        """The arrivals to combine: those of an honest size as they are, and those too large
+        (:func:`dept_strategy.screening.screen`) clipped to the round's median or dropped."""
+        reach, rules = 0.0, self.settings.defences
+        if rules.reach is not None:
+            reach = rules.reach(range(server_round, server_round + 1), max_weight)
+        flagged = screen(
+            [a.spooled.stats for a in arrivals],
+            reach=reach,
+            factor=rules.update_norm_factor,
+            previous=self.reference,
+        )
+        return desk.screened(arrivals, flagged, rules.outlier_action)
+
+
+def _largest(tensor: torch.Tensor) -> float:
+    """max |value|, without the tensor-sized temporary of ``tensor.abs()``."""
+    if tensor.numel() == 0:
+        return 0.0
+    low, high = torch.aminmax(tensor)
+    return max(-float(low), float(high))

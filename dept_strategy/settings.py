@@ -1,0 +1,64 @@
+"""What a :class:`dept_strategy.strategy.DeptStrategy` is told, in one checked object.
+
+The server builds it from the run config (:func:`server_app.federation.strategy_settings`);
+tests and benchmarks name only what they vary. A value no run could use fails here, when
+the strategy is made, before any node is asked anything.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from dept.config import COMPRESSIONS
+from dept.wire.compression import TOPK_DENSITY
+from dept_strategy.screening import Defences
+
+
+@dataclass(frozen=True)
+class StrategySettings:
+    """The strategy's settings (run config keys in brackets where they come from one)."""
+
+    run_id: str
+    local_steps: int  # (local-steps)
+    fraction_train: float = 1.0  # (fraction-train), in (0, 1]
+    min_train_nodes: int = 1  # (min-train-nodes)
+    min_train_replies: int = 1  # (min-train-replies)
+    fraction_evaluate: float = 1.0  # (fraction-evaluate), in [0, 1]
+    min_available_nodes: int = 1  # (min-available-nodes)
+    wait_for_nodes_s: float = 120.0  # (wait-for-nodes-s)
+    query_timeout_s: float = 600.0  # how long a round waits for a node asked the first time
+    max_tokens_per_round: float = math.inf  # a reply claiming more tokens is refused
+    num_rounds: int = 0  # (num-server-rounds): every source is evaluated after the last
+    seed: int = 0  # (seed): sampling
+    # the φ tensors among the outer optimizer's (GLOB, TRIM)
+    embedding_names: tuple[str, ...] = ()
+    trim: bool = False  # send each source only its V_k rows of them (TRIM)
+    compression: str = "none"  # (compression): how clients encode what they send up
+    topk_density: float = TOPK_DENSITY  # (topk-density)
+    spool_dir: Path | None = None  # where a round's replies wait (default: a temporary folder)
+    defences: Defences = field(default_factory=Defences)  # how replies are screened, combined
+    pinned: dict[str, bytes] | None = None  # source -> the node key that may serve it
+    interference: bool = True  # (interference): cosines between every pair of updates
+    fragments: int = 1  # (fragments): > 1 syncs the body by that many fragments
+    fragment_period: int = 1  # (fragment-period): each fragment syncs every this many rounds
+    # Flower's simulation runtime: no SuperNode holds a reply back and none is lost without
+    # an error reply, so a node slow to answer is queued behind others on an actor, not
+    # silent: it is waited for (up to the round's timeout), never asked again nor nudged
+    simulation: bool = False
+
+    def __post_init__(self) -> None:
+        # at least one source is sampled, and one reply changes the model (0 means that too)
+        object.__setattr__(self, "min_train_nodes", max(1, self.min_train_nodes))
+        object.__setattr__(self, "min_train_replies", max(1, self.min_train_replies))
+        if not 0 < self.fraction_train <= 1:
+            raise ValueError(f"fraction_train must be in (0, 1], got {self.fraction_train}")
+        if not 0 <= self.fraction_evaluate <= 1:
+            raise ValueError(f"fraction_evaluate must be in [0, 1], got {self.fraction_evaluate}")
+        if self.local_steps < 1:
+            raise ValueError(f"local_steps must be >= 1, got {self.local_steps}")
+        if self.compression not in COMPRESSIONS:
+            raise ValueError(f"compression must be one of {COMPRESSIONS}, got {self.compression!r}")
+        if not 0 < self.topk_density <= 1:
+            raise ValueError(f"topk_density must be in (0, 1], got {self.topk_density}")
