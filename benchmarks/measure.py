@@ -107,11 +107,31 @@ def write_outputs(out: Path, name: str, result: dict[str, Any], rows: list[dict[
     print(f"wrote {out / f'{name}.json'}, {name}.csv and {name}.txt", flush=True)
 
 
+def plot_lines(
+    path: Path, lines: Sequence[tuple[str, Sequence[float], Sequence[float]]], **axes: Any
+) -> None:
+    """A PNG of ``(label, xs, ys)`` lines with markers; ``axes`` set the axes (xlabel,
+    ylabel, title, yscale...)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for label, xs, ys in lines:
+        ax.plot(xs, ys, marker="o", label=label)
+    ax.set(**axes)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
 def corpora_run_config(names: Sequence[str], work: Path, **overrides: Any) -> dict[str, Any]:
     """A run config over the named sources of ``benchmarks/corpora.yaml`` (read in place),
     state and outputs under ``work``; ``overrides`` in kebab-case, e.g. ``local_steps``."""
     from dept.config import DeptConfig, kebab, load_config, to_run_config
-    from dept.sources import load_sources, write_sources
+    from dept.data.sources import load_sources, write_sources
 
     known = {s.name: s for s in load_sources(CORPORA)}
     unknown = sorted(set(names) - known.keys())

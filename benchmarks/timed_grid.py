@@ -16,7 +16,7 @@ from typing import Any
 from flwr.app import Message
 from flwr.common.serde import message_to_proto
 
-from dept import keys
+from dept.wire import keys
 from dept_cli.in_process import federate_in_process, in_process_grid
 from server_app.local_grid import LocalGrid
 

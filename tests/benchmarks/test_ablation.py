@@ -1,5 +1,5 @@
-"""benchmarks.ablation: its design is a proper fraction, its effects are recovered, and it runs
-end to end on the debug preset with the best rate bracketed."""
+"""benchmarks.comparison.ablation: its design is a proper fraction, its effects are recovered,
+and it runs end to end on the debug preset with the best rate bracketed."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import ablation
+from benchmarks.comparison import ablation
 from tests.helpers import share_cache, synthetic_sources
 
 
@@ -49,6 +49,7 @@ def test_oscillation_and_bracketing() -> None:
     assert ablation.bracket_rates([0.002, 0.004], 0.002) == [0.001]
 
 
+@pytest.mark.slow
 def test_ablation_runs_every_cell_and_brackets_the_best_rate(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, node_cache: Path
 ) -> None:

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.client_overhead import main
+from benchmarks.overhead.client_overhead import main
 from tests.helpers import corpus
 
 
@@ -16,6 +16,7 @@ def _run(tmp_path: Path, *extra: str) -> dict:
     return json.loads((out / "client_overhead.json").read_text())
 
 
+@pytest.mark.slow
 def test_in_process_against_bare_loop(tmp_path: Path) -> None:
     result = _run(tmp_path, "--no-flwr")
 

@@ -3,9 +3,11 @@
 import json
 from pathlib import Path
 
-from benchmarks.communication import coded_bytes, main, theory
+import pytest
+
+from benchmarks.comparison.communication import coded_bytes, main, theory
 from dept.config import load_config
-from dept.sharing import initial_tensors
+from dept.train.sharing import initial_tensors
 from tests.helpers import corpus, share_cache
 
 
@@ -20,6 +22,7 @@ def test_theory_is_the_shared_tensors() -> None:
     assert coded_bytes(1000, "fp16") == 2000
 
 
+@pytest.mark.slow
 def test_communication_quick(tmp_path: Path, node_cache: Path) -> None:
     corpus("en-shakespeare")
     out = tmp_path / "out"

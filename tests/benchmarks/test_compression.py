@@ -1,4 +1,5 @@
-"""python -m benchmarks.compression --quick: every setting runs, and the table shows the savings."""
+"""python -m benchmarks.comparison.compression --quick: every setting runs, and the table shows
+the savings."""
 
 from __future__ import annotations
 
@@ -7,11 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import compression
+from benchmarks.comparison import compression
 from dept.config import ConfigError
 from tests.helpers import share_cache
 
 
+@pytest.mark.slow
 def test_quick_run_compares_every_setting_against_none(tmp_path: Path, node_cache: Path) -> None:
     out = tmp_path / "out"
     share_cache(tmp_path / "work" / "state", node_cache)  # the benchmark's --work/state
@@ -44,10 +46,13 @@ def test_quick_run_compares_every_setting_against_none(tmp_path: Path, node_cach
         assert run["dropped"] == 0 and run["avg_val_bpb"] < run["initial_avg_val_bpb"]
         assert len(run["bytes_up_per_round"]) == 2
     table = (out / "compression.md").read_text()
-    assert "| int8-no-ef |" in table and "python -m benchmarks.compression --quick" in table
+    assert (
+        "| int8-no-ef |" in table and "python -m benchmarks.comparison.compression --quick" in table
+    )
     assert (out / "compression.png").stat().st_size > 0
 
 
+@pytest.mark.slow
 def test_fragment_settings_halve_the_bytes_each_way(tmp_path: Path, node_cache: Path) -> None:
     # Prepare: the debug body's 2 layers as 2 fragments, one synced per round but the last;
     # every run with a Nesterov outer step (-c)
@@ -92,6 +97,7 @@ def test_run_config_overrides_may_not_set_what_the_settings_vary(tmp_path: Path)
     assert not (tmp_path / "out" / "compression.md").exists()
 
 
+@pytest.mark.slow
 def test_a_finished_setting_is_reused_and_a_changed_one_runs_again(
     tmp_path: Path, node_cache: Path
 ) -> None:

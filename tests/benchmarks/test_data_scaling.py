@@ -3,9 +3,12 @@
 import json
 from pathlib import Path
 
-from benchmarks.data_scaling import main, write_source
+import pytest
+
+from benchmarks.overhead.data_scaling import main, write_source
 
 
+@pytest.mark.slow
 def test_quick_sizes_are_measured_and_cleaned_up(tmp_path: Path) -> None:
     work, out = tmp_path / "work", tmp_path / "out"
     assert main(["--quick", "--vocab-size", "400", "--out", str(out), "--work", str(work)]) == 0
@@ -23,6 +26,7 @@ def test_quick_sizes_are_measured_and_cleaned_up(tmp_path: Path) -> None:
     assert not work.exists(), "generated data is deleted"
 
 
+@pytest.mark.slow
 def test_generated_sources_have_the_size_asked_for(tmp_path: Path) -> None:
     folder = write_source(tmp_path / "s", 300_000)
     train = (folder / "train.txt").read_text(encoding="utf-8")

@@ -12,11 +12,14 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 from safetensors.torch import load_file, save_file
 
-from benchmarks import fault_soak, soak_checks, soak_report
-from benchmarks import soak_faults as inject
-from benchmarks.soak_watch import Fault, Rounds
+from benchmarks.soak import checks as soak_checks
+from benchmarks.soak import fault_soak
+from benchmarks.soak import faults as inject
+from benchmarks.soak import report as soak_report
+from benchmarks.soak.watch import Fault, Rounds
 from client_app.warm import file_lock
 
 NOW = 1000.0
@@ -176,6 +179,7 @@ def test_the_table_counts_recoveries_and_lost_rounds() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1500)  # the soak's own limit (timeout_s) comes first, then its checks
 def test_a_short_soak_of_ten_faults_loses_nothing(tmp_path: Path) -> None:
     opts = fault_soak.Options(work=tmp_path / "soak", rounds=8, faults=10, seed=1, timeout_s=1200)
     started = time.monotonic()
@@ -186,3 +190,31 @@ def test_a_short_soak_of_ten_faults_loses_nothing(tmp_path: Path) -> None:
     assert len(result["faults"]) >= 10
     assert set(result["by_kind"]) == set(inject.KINDS), "every kind was injected"
     assert not any(result["checks"].values()), result["checks"]
+
+
+def _finished_run(folder: Path, final: dict[str, float], paired_average: float) -> Path:
+    """A run folder as the soak reads it: summary.json and the last round's tensors."""
+    sources = {name: {"val_bpb": value} for name, value in final.items()}
+    summary = {"sources": sources, "avg_val_bpb": paired_average}
+    (folder / "summary.json").parent.mkdir(parents=True)
+    (folder / "summary.json").write_text(json.dumps(summary))
+    round_dir = folder / "checkpoints" / "round-0003"
+    round_dir.mkdir(parents=True)
+    save_file({"w": torch.ones(3)}, str(round_dir / "tensors.safetensors"))
+    return folder
+
+
+def test_the_soak_compares_the_same_sources_final_figures_as_the_reference(
+    tmp_path: Path,
+) -> None:
+    # Prepare: equal final figures; the soak's summary average left out a source whose
+    # round-0 evaluation a fault took (it averages only sources measured before and after)
+    final = {"a": 2.0, "b": 1.0, "c": 3.0}
+    soak = _finished_run(tmp_path / "soak", final, paired_average=1.5)
+    reference = _finished_run(tmp_path / "reference", final, paired_average=2.0)
+    # Execute
+    figures, broken = soak_checks.compare(soak, reference, exact=False)
+    # Assert
+    assert broken == []
+    assert figures["relative_bpb_gap"] == 0.0
+    assert figures["avg_val_bpb"] == figures["reference_avg_val_bpb"] == 2.0

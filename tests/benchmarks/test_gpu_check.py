@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.gpu_check import NO_GPU, Budget, Step, main, read_run, run_step, table_rows
+from benchmarks.gpu import check as gpu_check
+from benchmarks.gpu.check import NO_GPU, Budget, Step, main, read_run, run_step, table_rows
 
 TRAINING_KEYS = {"tokens_per_s", "mfu", "achieved_tflops", "peak_tflops", "attention", "params"}
 
@@ -27,11 +28,14 @@ def test_a_failing_step_is_recorded_with_its_last_line(tmp_path: Path) -> None:
     assert "figure" not in row
 
 
-def test_a_step_past_its_cap_is_stopped_and_recorded(tmp_path: Path) -> None:
-    row = run_step(_step("import time; time.sleep(60)", cap_s=16), Budget(60), tmp_path)
+def test_a_step_past_its_cap_is_stopped_and_recorded(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(gpu_check, "MIN_CAP_S", 1.0)  # the shortest cap the check would run
+    row = run_step(_step("import time; time.sleep(60)", cap_s=2), Budget(60), tmp_path)
 
-    assert row["status"] == "timed out" and row["seconds"] < 30
-    assert row["error"].startswith("no result within 16 s")
+    assert row["status"] == "timed out" and row["seconds"] < 10
+    assert row["error"].startswith("no result within 2 s")
 
 
 def test_a_step_the_budget_cannot_hold_is_skipped(tmp_path: Path) -> None:
@@ -57,10 +61,13 @@ def test_orchestration_share_is_the_round_less_its_slowest_client(tmp_path: Path
     (tmp_path / "metrics.jsonl").write_text("\n".join(lines))
     (tmp_path / "run.log").write_text(
         "\x1b[92mINFO \x1b[0m:      s0: trains on cuda:0 (NVIDIA H200, 139.8 GiB)\n"
-        "INFO [rank 0/2] dept.train: round 1 s0: step 1/4\n"
+        "INFO [rank 0/2] dept.train.local: round 1 s0: step 1/4\n"
     )
     log = tmp_path / "dept-run.log"
-    log.write_text("dept run: 2 SuperNodes, 0.5 GPU each; SuperLink on 127.0.0.1:1\n")
+    log.write_text(
+        "dept run: 2 SuperNodes, 2 training at a time, each with 0.5 GPU and 8 CPU threads; "
+        "SuperLink on 127.0.0.1:1\n"
+    )
 
     result = read_run(tmp_path, log)
 

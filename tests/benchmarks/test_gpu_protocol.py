@@ -1,4 +1,4 @@
-"""benchmarks.gpu_protocol: the GPU command is the authors' regime at the planned size, and its
+"""benchmarks.gpu.protocol: the GPU command is the authors' regime at the planned size, and its
 smoke version runs the whole comparison on a CPU."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import gpu_protocol
+from benchmarks.gpu import protocol as gpu_protocol
 from dept_cli import compare
 from tests.helpers import share_cache, synthetic_sources
 

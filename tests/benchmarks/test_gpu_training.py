@@ -8,9 +8,9 @@ import pytest
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from benchmarks import gpu_training
-from benchmarks.gpu_training import compiled, flops_per_token, main, peak_of
-from dept.model import build_model
+from benchmarks.gpu import training as gpu_training
+from benchmarks.gpu.training import compiled, flops_per_token, main, peak_of
+from dept.model.families import build_model
 
 CPU_DEBUG = ["--device", "cpu", "--model", "debug", "--batch-size", "2", "--seq-len", "32"]
 
@@ -70,6 +70,7 @@ def quick_compile(monkeypatch: pytest.MonkeyPatch) -> None:
     torch._dynamo.reset()
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("quick_compile")
 def test_compile_keeps_flash_only_where_it_runs(caplog: pytest.LogCaptureFixture) -> None:
     model = build_model("debug", 64, 16)
@@ -80,6 +81,7 @@ def test_compile_keeps_flash_only_where_it_runs(caplog: pytest.LogCaptureFixture
     assert not [r for r in caplog.records if r.name == gpu_training.log.name]
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("quick_compile")
 def test_compile_falls_back_to_default_attention_and_says_so(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture

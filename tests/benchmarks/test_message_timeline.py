@@ -1,11 +1,11 @@
-"""benchmarks.message_timeline: a message's way read back from stamped logs, segment by
+"""benchmarks.overhead.message_timeline: a message's way read back from stamped logs, segment by
 segment, Flower's retried processes included."""
 
 from __future__ import annotations
 
 import pytest
 
-from benchmarks.message_timeline import TimelineError, messages, round_walls
+from benchmarks.overhead.message_timeline import TimelineError, messages, round_walls
 
 DAY = "2026-12-02 01:00"
 

@@ -3,10 +3,13 @@
 import json
 from pathlib import Path
 
-from benchmarks.poisoning import main
+import pytest
+
+from benchmarks.comparison.poisoning import main
 from tests.helpers import share_cache
 
 
+@pytest.mark.slow
 def test_a_scaled_update_is_caught_and_named(tmp_path: Path, node_cache: Path) -> None:
     out = tmp_path / "out"
     share_cache(tmp_path / "state", node_cache)  # the benchmark's state-dir: --work/state

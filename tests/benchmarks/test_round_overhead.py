@@ -3,10 +3,13 @@
 import json
 from pathlib import Path
 
-from benchmarks.round_overhead import main
+import pytest
+
+from benchmarks.overhead.round_overhead import main
 from tests.helpers import corpus, share_cache
 
 
+@pytest.mark.slow
 def test_round_overhead_quick(tmp_path: Path, node_cache: Path) -> None:
     corpus("en-shakespeare")
     out = tmp_path / "out"

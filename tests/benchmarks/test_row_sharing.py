@@ -1,4 +1,4 @@
-"""benchmarks.row_sharing: private-row shares and gaps to STD, on made-up streams."""
+"""benchmarks.comparison.row_sharing: private-row shares and gaps to STD, on made-up streams."""
 
 from __future__ import annotations
 
@@ -7,11 +7,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from benchmarks import row_sharing
+from benchmarks.comparison import row_sharing
 from dept.config import load_config, to_run_config
-from dept.prepare import prepare_source
-from dept.sources import run_sources
-from dept.workspace import cache_dir
+from dept.data.sources import run_sources
+from dept.state.workspace import cache_dir
+from dept.train.prepare import prepare_source
 from dept_cli import compare
 from tests.helpers import share_cache, synthetic_sources
 

@@ -4,7 +4,9 @@ import json
 import math
 from pathlib import Path
 
-from benchmarks.server_scaling import PAPER_BODIES, body_shapes, llama_body, main
+import pytest
+
+from benchmarks.overhead.server_scaling import PAPER_BODIES, body_shapes, llama_body, main
 
 
 def test_body_shapes_come_close_to_the_size_asked() -> None:
@@ -21,6 +23,7 @@ def test_the_paper_bodies_have_the_paper_sizes() -> None:
     assert 1.2e9 < params["1.3b"] < 1.4e9
 
 
+@pytest.mark.slow
 def test_server_scaling_quick(tmp_path: Path) -> None:
     out = tmp_path / "out"
 

@@ -1,4 +1,4 @@
-"""python -m benchmarks.time_budget --quick: the slowed node trains fewer steps under a
+"""python -m benchmarks.comparison.time_budget --quick: the slowed node trains fewer steps under a
 budget, and the round no longer waits for it."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.time_budget import main
+from benchmarks.comparison.time_budget import main
 from tests.helpers import corpus, share_cache
 
 

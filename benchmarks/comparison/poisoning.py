@@ -1,6 +1,6 @@
 """One bad node against the body: poisoned pseudo-gradients, refused and named, or not.
 
-    python -m benchmarks.poisoning
+    python -m benchmarks.comparison.poisoning
 
 runs the same federation (four sources, the built-in default: the Python standard library
 and three synthetic languages) once honestly and once per attack, in which one source's node
@@ -42,9 +42,10 @@ import torch
 from flwr.app import Array, Context, Message, MessageType
 
 from benchmarks.measure import common_arguments, print_table, result_header, write_outputs
-from dept import keys
-from dept.compression import SCALE_SUFFIX
-from dept.config import DeptConfig, load_config, resolve_path, to_run_config
+from dept.config import DeptConfig, load_config, to_run_config
+from dept.paths import resolve_path
+from dept.wire import keys
+from dept.wire.compression import SCALE_SUFFIX
 from dept_cli.in_process import federate_in_process, in_process_grid
 
 Tamper = Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]  # payload -> what is sent

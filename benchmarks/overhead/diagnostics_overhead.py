@@ -1,11 +1,11 @@
 """What the per-round diagnostics add to the server's round: ``interference`` on against off.
 
-    python -m benchmarks.diagnostics_overhead                  # tiny (glob) x 9, 350m x 4
-    python -m benchmarks.diagnostics_overhead --plans tiny:9 125m:4
+    python -m benchmarks.overhead.diagnostics_overhead                  # tiny (glob) x 9, 350m x 4
+    python -m benchmarks.overhead.diagnostics_overhead --plans tiny:9 125m:4
 
 A plan is ``body:replies``; ``tiny`` is the real ``tiny`` model's shared tensors under GLOB
-(θ and the whole φ, :func:`dept.sharing.initial_tensors`), ``125m``/``350m``/``1.3b`` the
-paper's bodies in Llama form (θ only, :data:`benchmarks.server_scaling.PAPER_BODIES`).
+(θ and the whole φ, :func:`dept.train.sharing.initial_tensors`), ``125m``/``350m``/``1.3b`` the
+paper's bodies in Llama form (θ only, :data:`benchmarks.overhead.server_scaling.PAPER_BODIES`).
 Each plan runs one round through ``DeptStrategy.aggregate_train`` with the replies streamed,
 interference off then on, ``--repeats`` times each in turn, in one process: the round's
 seconds, and the seconds the diagnostics took in it (the update norms are taken either way;
@@ -27,7 +27,7 @@ from typing import Any
 from flwr.supercore.task_identity import TaskIdentity
 
 from benchmarks.measure import print_table, result_header, write_outputs
-from benchmarks.server_scaling import (
+from benchmarks.overhead.server_scaling import (
     FLOAT32,
     PAPER_BODIES,
     aggregate,
@@ -37,7 +37,8 @@ from benchmarks.server_scaling import (
     shapes_of,
 )
 from dept.config import load_config
-from dept.sharing import initial_tensors
+from dept.train.sharing import initial_tensors
+from dept_strategy.settings import StrategySettings
 from dept_strategy.strategy import DeptStrategy
 
 
@@ -53,14 +54,10 @@ def one_round(
     shapes: dict[str, tuple[int, ...]], names: tuple[str, ...], replies: int, on: bool, spool: Path
 ) -> tuple[float, float]:
     """(the round's seconds, the diagnostics' seconds in it)."""
-    strategy = DeptStrategy(
-        outer=server_state(shapes, "fedavg"),
-        local_steps=25,
-        run_id="diag",
-        spool_dir=spool,
-        embedding_names=names,
-        interference=on,
+    settings = StrategySettings(
+        run_id="diag", local_steps=25, spool_dir=spool, embedding_names=names, interference=on
     )
+    strategy = DeptStrategy(server_state(shapes, "fedavg"), settings)
     instructions = [make_instruction(i + 1) for i in range(replies)]
     started = time.perf_counter()
     aggregate(strategy, instructions, replies_for(instructions, shapes, "mean"))

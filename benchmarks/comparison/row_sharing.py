@@ -9,7 +9,8 @@ hold it. This measures, per source, the share of its training tokens on rows no 
 uses, and, given comparison or ablation results, each method's per-source gap to STD τ=0 and
 its correlation with that share::
 
-    python -m benchmarks.row_sharing --results benchmarks/results/compare-tiny-nine/comparison.json
+    python -m benchmarks.comparison.row_sharing \
+        --results benchmarks/results/compare-tiny-nine/comparison.json
 
 Writes ``row_sharing.json`` and ``row_sharing.md`` to ``--out``.
 """
@@ -23,10 +24,11 @@ from typing import Any
 
 import numpy as np
 
-from dept.config import load_config, resolve_path
-from dept.prepare import prepare_source
-from dept.sources import run_sources
-from dept.workspace import cache_dir
+from dept.config import load_config
+from dept.data.sources import run_sources
+from dept.paths import resolve_path
+from dept.state.workspace import cache_dir
+from dept.train.prepare import prepare_source
 from server_app.report import dumps
 
 REFERENCE = "std-0"
@@ -89,7 +91,9 @@ def render(shares: dict[str, float], by_method: dict[str, dict[str, float]]) -> 
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.row_sharing", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.comparison.row_sharing", description=__doc__
+    )
     parser.add_argument("--sources-file", default="benchmarks/corpora.yaml")
     parser.add_argument("--vocab-size", type=int, default=4096, help="the global tokenizer's")
     parser.add_argument("--results", default="benchmarks/results/compare-tiny-nine/comparison.json")

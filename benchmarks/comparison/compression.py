@@ -1,6 +1,6 @@
 """Pseudo-gradient compression: bytes sent up against bits per byte, on the same run.
 
-    python -m benchmarks.compression
+    python -m benchmarks.comparison.compression
 
 runs one federation per setting — compression ``none``, ``fp16``, ``int8``, ``int8`` without
 error feedback, ``int4``, ``int2``, ``ternary`` and ``topk`` at densities 0.1 and 0.01, and
@@ -29,10 +29,12 @@ from typing import Any
 
 from flwr.common.config import parse_config_args
 
+from benchmarks.measure import plot_lines
 from dept.cli_help import add_run_config_option
-from dept.compression import TOPK_DENSITY
-from dept.config import ConfigError, DeptConfig, load_config, resolve_path, to_run_config
-from dept.sources import SourceSpec, check_source_paths, load_sources, write_sources
+from dept.config import ConfigError, DeptConfig, load_config, to_run_config
+from dept.data.sources import SourceSpec, check_source_paths, load_sources, write_sources
+from dept.paths import resolve_path
+from dept.wire.compression import TOPK_DENSITY
 from dept_cli.in_process import federate_in_process
 from server_app.report import dumps
 
@@ -116,8 +118,8 @@ def base_config(args: argparse.Namespace, sources_file: Path, work: Path) -> Dep
 
 def prepare(base: DeptConfig, specs: list[SourceSpec]) -> None:
     """Train the tokenizers and tokenize once, so no run's wall time includes it."""
-    from dept.source_client import SourceClient
-    from dept.workspace import Workspace
+    from dept.state.workspace import Workspace
+    from dept.train.source_client import SourceClient
 
     root = resolve_path(base.state_dir)
     for spec in specs:
@@ -248,21 +250,15 @@ def write_csv(results: list[dict[str, Any]], path: Path) -> None:
 
 
 def plot(results: list[dict[str, Any]], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for r in results:
-        rounds, bpb = zip(*r["curve"], strict=True)
-        ax.plot(rounds, bpb, marker="o", label=f"{r['setting']} ({r['bytes_up'] / 1e6:.1f} MB up)")
-    ax.set_xlabel("round")
-    ax.set_ylabel("average validation bits per byte")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    lines = [
+        (
+            f"{r['setting']} ({r['bytes_up'] / 1e6:.1f} MB up)",
+            [point[0] for point in r["curve"]],
+            [point[1] for point in r["curve"]],
+        )
+        for r in results
+    ]
+    plot_lines(path, lines, xlabel="round", ylabel="average validation bits per byte")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -285,7 +281,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{results[-1]['avg_val_bpb']:.4f} ({results[-1]['wall_s']:.0f} s)",
             flush=True,
         )
-    command = "python -m benchmarks.compression " + " ".join(
+    command = "python -m benchmarks.comparison.compression " + " ".join(
         argv if argv is not None else sys.argv[1:]
     )
     table = markdown(results, base, command.strip())

@@ -1,6 +1,6 @@
 """How much of a round is training? A round's wall time against its clients' training time.
 
-    python -m benchmarks.round_overhead
+    python -m benchmarks.overhead.round_overhead
 
 Runs the real ServerApp and ClientApp code in process (one node per source, each source
 trained and evaluated every round, the app's default local steps) through a grid that times
@@ -38,7 +38,7 @@ from benchmarks.measure import (
     write_outputs,
 )
 from benchmarks.timed_grid import timed_federation
-from dept import keys
+from dept.wire import keys
 from dept_cli.in_process import federate_in_process
 
 TARGET = 0.10
@@ -46,11 +46,11 @@ DEFAULT_SOURCES = "en-shakespeare,de-novels,ru-chekhov"
 # (label, file suffix, function) of the steps of a round worth seeing in the profile.
 COMPONENTS = (
     ("client: decode arrays", "arrayrecord.py", "to_torch_state_dict"),
-    ("client: build model", "dept/model.py", "build_model"),
-    ("client: load state", "dept/workspace.py", "load_state"),
-    ("client: local training", "dept/train.py", "train_local"),
-    ("client: save state", "dept/workspace.py", "save_state"),
-    ("client: evaluation", "dept/evaluate.py", "evaluate_stream"),
+    ("client: build model", "dept/model/families.py", "build_model"),
+    ("client: load state", "dept/state/workspace.py", "load_state"),
+    ("client: local training", "dept/train/local.py", "train_local"),
+    ("client: save state", "dept/state/workspace.py", "save_state"),
+    ("client: evaluation", "dept/train/evaluate.py", "evaluate_stream"),
     ("server: aggregate + outer step", "dept_strategy/strategy.py", "aggregate_train"),
     ("server: checkpoint", "server_app/checkpoint.py", "save_checkpoint"),
     ("server: report", "server_app/report.py", "round_done"),

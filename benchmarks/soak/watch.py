@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from benchmarks.soak_faults import SERVER_KINDS
+from benchmarks.soak.faults import SERVER_KINDS
 
 COLUMNS = ["kind", "target", "at_s", "done_before", "recovery_s", "rounds_lost"]
 COLUMNS += ["resumed_after", "detail"]  # :meth:`Fault.as_row`, in order

@@ -1,7 +1,7 @@
 """The paper's regime, shrunk to about 8 minutes on one H100-class GPU: does DEPT beat STD there?
 
-    python -m benchmarks.gpu_protocol            # 125m, 4 corpora, seq 2048, the authors' settings
-    python -m benchmarks.gpu_protocol --smoke    # the same pipeline at debug size, on any CPU
+    python -m benchmarks.gpu.protocol            # 125m, 4 corpora, seq 2048, the authors' settings
+    python -m benchmarks.gpu.protocol --smoke    # the same pipeline at debug size, on any CPU
 
 Runs ``dept compare`` (STD τ=0, GLOB, SPEC, SPEC-OPT by default) with the inner and outer
 settings of the authors' own configs, which differ from this project's defaults:
@@ -15,7 +15,7 @@ Shrunk to fit: 8 sequences per source per step (their global batch is 256-512), 
 a round (theirs: 500), 5 rounds, warmup 20 steps (theirs: 100 batches of a far longer run), on
 four sources of ``../shared/corpora``: 4 x 8 x 2048 x 200 = 13.1M training tokens per method,
 about 60-90 s each at the 150-250k tokens/s a 125m body trains at in bf16 on an H100 (the
-figure ``benchmarks.gpu_training`` measures), plus evaluation. Results go to ``--out``
+figure ``benchmarks.gpu.training`` measures), plus evaluation. Results go to ``--out``
 (``comparison.md``/``.json``/``.png``, as ``dept compare`` writes them).
 """
 
@@ -24,7 +24,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from dept.sources import load_sources, write_sources
+from dept.data.sources import load_sources, write_sources
 from dept_cli import compare
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -68,7 +68,7 @@ def protocol_sources(args: argparse.Namespace) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.gpu_protocol", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.gpu.protocol", description=__doc__)
     parser.add_argument("--smoke", action="store_true", help="debug size, for any CPU")
     parser.add_argument("--sources-file", help="default: four of benchmarks/corpora.yaml")
     parser.add_argument("--methods", default="std-0,glob,spec,spec-opt")

@@ -18,7 +18,7 @@ is at an edge of what ran, so the best cell's rate is bracketed. Writes ``ablati
 (every run, with its curve), ``ablation.md`` (cells, main effects, rate bracket) and
 ``ablation.png`` (curves per cell) to ``--out``.
 
-Run from the repository root: ``python -m benchmarks.ablation`` (about 80 min on 2 CPUs).
+Run from the repository root: ``python -m benchmarks.comparison.ablation`` (about 80 min on 2 CPUs).
 """
 
 from __future__ import annotations
@@ -34,8 +34,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dept.config import DeptConfig, load_config, resolve_path, to_run_config
-from dept.sources import run_sources
+from dept.config import DeptConfig, load_config, to_run_config
+from dept.data.sources import run_sources
+from dept.paths import resolve_path
 from dept_cli import compare
 from dept_cli.compare_plan import Plan, base_config, make_plans, prepare, rounds_for
 from dept_cli.comparison_report import STD_METHODS, average_bpb
@@ -337,7 +338,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.ablation", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.comparison.ablation", description=__doc__
+    )
     parser.add_argument("--sources-file", default="benchmarks/corpora.yaml")
     parser.add_argument("--model", default="tiny")
     parser.add_argument("--tokens", type=float, default=5.5e5, help="training tokens per run")

@@ -11,8 +11,8 @@ fault-free run's where only server faults were injected (within a stated toleran
 otherwise), and that nothing is left behind: no process, held lock, socket or temporary
 folder. ::
 
-    python -m benchmarks.fault_soak --rounds 60 --faults 100        # the long soak
-    python -m benchmarks.fault_soak --rounds 8 --faults 10          # the short one
+    python -m benchmarks.soak.fault_soak --rounds 60 --faults 100        # the long soak
+    python -m benchmarks.soak.fault_soak --rounds 8 --faults 10          # the short one
 
 Results: ``fault_soak.json`` and ``faults.csv`` in ``--out``, and a table on stdout.
 """
@@ -33,11 +33,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from benchmarks import soak_checks as checks
-from benchmarks import soak_faults as inject
-from benchmarks.soak_reference import run_reference
-from benchmarks.soak_report import by_kind, render, write
-from benchmarks.soak_watch import Fault, Rounds
+from benchmarks.soak import checks
+from benchmarks.soak import faults as inject
+from benchmarks.soak.reference import run_reference
+from benchmarks.soak.report import by_kind, render, write
+from benchmarks.soak.watch import Fault, Rounds
 from server_app.checkpoint import CHECKPOINTS, TENSORS_FILE
 from tests.deploy.loopback import SERVER_DONE, Loopback, Node, node_config, run_config
 
@@ -299,7 +299,9 @@ def run_soak(opts: Options) -> dict[str, Any]:
 
 
 def arguments() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.fault_soak", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.soak.fault_soak", description=__doc__
+    )
     parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--faults", type=int, default=10)
     parser.add_argument("--seed", type=int, default=0)

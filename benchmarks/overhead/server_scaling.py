@@ -1,7 +1,7 @@
 """Does the server's aggregation scale? Time and peak memory against body size and replies.
 
-    python -m benchmarks.server_scaling                     # 1M-100M bodies, 2-64 replies
-    python -m benchmarks.server_scaling --paper             # 350m x 16 and 1.3b x 4 replies
+    python -m benchmarks.overhead.server_scaling            # 1M-100M bodies, 2-64 replies
+    python -m benchmarks.overhead.server_scaling --paper    # 350m x 16 and 1.3b x 4 replies
 
 Bodies are float32 tensors shaped like a Llama body (per layer: q, k, v, o, gate, up, down
 and two norms): of about ``--sizes`` parameters, or the paper's 350m and 1.3b shapes
@@ -45,10 +45,11 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, Re
 from flwr.supercore.task_identity import TaskIdentity
 
 from benchmarks.measure import print_table, result_header, write_outputs
-from dept import keys
+from dept.wire import keys
 from dept_strategy.inflight import Target
 from dept_strategy.outer import OuterOptimizer
 from dept_strategy.screening import Defences
+from dept_strategy.settings import StrategySettings
 from dept_strategy.strategy import DeptStrategy
 
 TARGET = 2.0  # one body-sized sum and the reply being read
@@ -192,17 +193,14 @@ def measure(
     TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 0, 0
     # A first tiny round loads what the code path imports lazily, before the baseline.
     first = make_instruction(1)
-    warm = DeptStrategy(outer=server_state({"w": (16,)}, "fedavg"), local_steps=25, run_id="b")
+    warm = DeptStrategy(server_state({"w": (16,)}, "fedavg"), StrategySettings("b", 25))
     aggregate(warm, [first], replies_for([first], {"w": (16,)}, "mean"))
     shapes = shapes_of(body)
     body_bytes = sum(math.prod(s) for s in shapes.values()) * FLOAT32
-    strategy = DeptStrategy(
-        outer=server_state(shapes, outer_kind),
-        local_steps=25,
-        run_id="bench",
-        spool_dir=spool,
-        defences=Defences(aggregation=MODES[mode]),
+    settings = StrategySettings(
+        "bench", 25, spool_dir=spool, defences=Defences(aggregation=MODES[mode])
     )
+    strategy = DeptStrategy(server_state(shapes, outer_kind), settings)
     instructions = [make_instruction(i + 1) for i in range(replies)]
     made = replies_for(instructions, shapes, mode)
     held: list[Message] = list(made) if path == "strategy" else []  # as Flower hands them

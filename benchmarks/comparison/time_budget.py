@@ -1,7 +1,7 @@
 """Time budgets for uneven nodes: two sources, one slowed on purpose, fixed steps against a
 per-round time budget.
 
-    python -m benchmarks.time_budget
+    python -m benchmarks.comparison.time_budget
 
 Two arms, through the real ServerApp and ClientApp in process (a grid that times every
 message), everything else equal:
@@ -28,7 +28,7 @@ from typing import Any
 import torch
 from flwr.app import MessageType
 
-from benchmarks.compression import prepare
+from benchmarks.comparison.compression import prepare
 from benchmarks.measure import (
     common_arguments,
     corpora_run_config,
@@ -37,9 +37,9 @@ from benchmarks.measure import (
     write_outputs,
 )
 from benchmarks.timed_grid import TimedGrid
-from dept import keys
 from dept.config import load_config
-from dept.sources import run_sources
+from dept.data.sources import run_sources
+from dept.wire import keys
 from dept_cli.in_process import federate_in_process
 
 DEFAULT_SOURCES = "en-shakespeare,de-novels"

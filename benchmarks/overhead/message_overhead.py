@@ -4,14 +4,14 @@ warm (the node's warm worker, :mod:`client_app.worker`), side by side in the sam
 A real loopback deployment (``tests/deploy/loopback.py``): one SuperLink and two
 SuperNodes per model, one with ``warm-worker=false`` and one with ``warm-worker=true``,
 both trained in every round, every process logging with time stamps
-(``FLWR_LOG_LEVEL=DEBUG``). :mod:`benchmarks.message_timeline` reads each message's way
+(``FLWR_LOG_LEVEL=DEBUG``). :mod:`benchmarks.overhead.message_timeline` reads each message's way
 back from the logs, from the ServerApp's push to the reply's upload, in segments: Flower's
 (the SuperNode's poll, the process start and imports, the task and app bundle, the reply's
 pickup and upload) and ours: the thin app's import, (a) arrival at the handler to the first
 local step and (b) the last step to the reply. The first message a node gets (the query;
 on the warm node it starts the worker) is reported apart from the medians.
 
-    python -m benchmarks.message_overhead            # debug and tiny, 2 rounds of 2 steps
+    python -m benchmarks.overhead.message_overhead            # debug and tiny, 2 rounds of 2 steps
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.measure import print_table, result_header, write_outputs
-from benchmarks.message_timeline import SEGMENTS, messages, round_walls
+from benchmarks.overhead.message_timeline import SEGMENTS, messages, round_walls
 from tests.deploy.loopback import Loopback, wait_for_line
 
 NAME = "message-overhead"

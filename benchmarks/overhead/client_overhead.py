@@ -1,6 +1,6 @@
 """Does Flower cost a client training speed? Its tokens/s against a bare PyTorch loop.
 
-    python -m benchmarks.client_overhead
+    python -m benchmarks.overhead.client_overhead
 
 Three arms on one source, same model build, same AdamW, same batch shapes, same number of
 steps, same torch thread count (``--threads``, 1 as a Ray actor with one CPU gets),
@@ -48,17 +48,18 @@ from benchmarks.measure import (
     write_outputs,
 )
 from benchmarks.timed_grid import TimedGrid
-from dept import keys
 from dept.config import load_config
-from dept.data import StreamPosition, training_batches
-from dept.sharing import initial_tensors
-from dept.source_client import SourceClient
-from dept.sources import run_sources
-from dept.train import make_inner_optimizer, next_token_loss
-from dept.workspace import Workspace
+from dept.data.corpus import StreamPosition, training_batches
+from dept.data.sources import run_sources
+from dept.state.workspace import Workspace
+from dept.train.local import make_inner_optimizer, next_token_loss
+from dept.train.sharing import initial_tensors
+from dept.train.source_client import SourceClient
+from dept.wire import keys
 from dept_cli.in_process import in_process_grid
 from server_app.launch import build_command
 from server_app.local_runtime import local_runtime
+from server_app.sizing import ClientShare
 
 PROJECT = Path(__file__).resolve().parents[1]
 TARGET = 0.95
@@ -143,14 +144,13 @@ def flwr_run(
         "warmup-steps": 1,
         "eval-bytes": 4096,
     }
-    command = build_command(PROJECT, overrides, num_nodes=1, gpus=0.0, stream=True)
-    federation = command.index("--federation-config") + 1
-    command[federation] += " client-resources-num-cpus=1"  # one CPU per actor, as measured
+    # the actor's CPUs are its torch threads (client_app.cpu_share), as in the other arms
+    share = ClientShare(gpus=0.0, cpus=threads, at_once=1)
+    command = build_command(PROJECT, overrides, num_nodes=1, share=share, stream=True)
     # --stream: flwr run returns only when the run ends (without it, once it is submitted)
     started = time.perf_counter()
     with local_runtime(work / "flwr-home") as runtime:  # its own ports, stopped after
-        # OMP_NUM_THREADS: torch's threads in the Ray actors, as in the other arms
-        env = {**runtime.env(dict(os.environ)), "OMP_NUM_THREADS": str(threads)}
+        env = runtime.env(dict(os.environ))
         done = subprocess.run(command, cwd=PROJECT, env=env, capture_output=True, text=True)
     if not (out / "summary.json").is_file():
         raise RuntimeError(f"flwr run wrote no summary:\n{(done.stdout + done.stderr)[-2000:]}")

@@ -1,6 +1,6 @@
 """Bytes a round really moves, against what the shared tensors weigh, for every variant.
 
-    python -m benchmarks.communication
+    python -m benchmarks.comparison.communication
 
 Runs one training round of each variant (and each ``compression`` the app offers) through
 the real ServerApp and ClientApp in process and counts, per client and direction:
@@ -37,9 +37,9 @@ from benchmarks.measure import (
 )
 from benchmarks.timed_grid import timed_federation
 from dept.config import DeptConfig, load_config
-from dept.model import model_width
-from dept.sharing import initial_tensors
-from dept.variants import VARIANTS, variant
+from dept.model.families import model_width
+from dept.model.variants import VARIANTS, variant
+from dept.train.sharing import initial_tensors
 
 TARGET = 1.02
 FLOAT32 = 4
@@ -58,7 +58,7 @@ def coded_bytes(numel: int, compression: str) -> int:
         return numel * FLOAT32
     if compression == "fp16":
         return numel * 2
-    from dept.compression import BLOCK
+    from dept.wire.compression import BLOCK
 
     return numel + math.ceil(numel / BLOCK) * FLOAT32  # int8 codes + a float32 scale per block
 

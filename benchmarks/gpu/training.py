@@ -1,9 +1,9 @@
 """How well does a client's training use a GPU? Tokens/s and model FLOPs utilisation (MFU).
 
-    python -m benchmarks.gpu_training                # 125m, bf16, fused AdamW, flash SDPA
-    python -m benchmarks.gpu_training --compile      # the same under torch.compile
+    python -m benchmarks.gpu.training                # 125m, bf16, fused AdamW, flash SDPA
+    python -m benchmarks.gpu.training --compile      # the same under torch.compile
 
-Trains the project's model (``dept.model.build_model``) with the client's own pieces:
+Trains the project's model (``dept.model.families.build_model``) with the client's own pieces:
 ``make_inner_optimizer`` (fused AdamW on CUDA), ``autocast`` (bf16 on CUDA) and
 ``next_token_loss``, on random tokens (speed does not depend on the text), with attention
 forced to the flash kernel of SDPA on CUDA (it fails loudly where flash cannot run).
@@ -38,9 +38,9 @@ from torch import nn
 
 from benchmarks.measure import print_table, result_header, write_outputs
 from dept.config import load_config
-from dept.devices import resolve_device
-from dept.model import build_config, build_model
-from dept.train import autocast, make_inner_optimizer, next_token_loss
+from dept.model.families import build_config, build_model
+from dept.train.devices import resolve_device
+from dept.train.local import autocast, make_inner_optimizer, next_token_loss
 
 log = logging.getLogger(__name__)
 # Dense bf16 peaks (TFLOP/s, NVIDIA's datasheets) by the words of a device's name, e.g.

@@ -1,9 +1,9 @@
 """Does preparing a source need memory that grows with it? Peak RSS and MB/s at 0.1–2 GB.
 
-    python -m benchmarks.data_scaling [--sizes 0.1,0.5,2] [--work DIR]
+    python -m benchmarks.overhead.data_scaling [--sizes 0.1,0.5,2] [--work DIR]
 
 For each size a source folder of that much text is generated (documents of the synthetic
-``latin`` language, :mod:`dept.synthetic`: a pool generated once, then drawn from at random,
+``latin`` language, :mod:`dept.data.synthetic`: a pool generated once, then drawn from at random,
 seeded) and prepared in a fresh process, as ``dept prepare`` does for SPEC-OPT: read
 through ``datasets``, a tokenizer trained on its ``tokenizer-sample-bytes`` sample, every
 document tokenized into the memory-mapped shards. Measured per size:
@@ -12,7 +12,7 @@ document tokenized into the memory-mapped shards. Measured per size:
   ``wait4``; the tokenizer's encoder runs as threads in that process, so it holds every
   worker), and its peak anonymous RSS (sampled from ``/proc``): the memory it allocated,
   without the pages of mapped files. The text is read by plain reads
-  (:mod:`dept.arrow_text`), so the two differ by the libraries' code, not by the source;
+  (:mod:`dept.data.arrow_text`), so the two differ by the libraries' code, not by the source;
 - tokenization MB/s (text bytes of both splits / wall seconds), the cores it kept busy
   (CPU seconds / wall seconds), MB/s per available core, and the machine's load average
   over that minute (on a shared machine, other work takes cores from the encoder's threads).
@@ -50,7 +50,7 @@ CHILD = "--child"
 
 def write_source(folder: Path, size: int, seed: int = 0) -> Path:
     """``folder/train.txt`` of about ``size`` bytes and ``val.txt`` of 1% of it."""
-    from dept.synthetic import generate_documents, make_grammar, make_lexicon
+    from dept.data.synthetic import generate_documents, make_grammar, make_lexicon
 
     grammar, lexicon = make_grammar(seed), make_lexicon("latin", seed)
     pool, _ = generate_documents(grammar, lexicon, np.random.default_rng([seed, 1]), POOL_BYTES)
@@ -66,10 +66,10 @@ def write_source(folder: Path, size: int, seed: int = 0) -> Path:
 
 def prepare_here(folder: Path, state: Path, vocab_size: int) -> dict[str, Any]:
     """The child's work: prepare the source in ``folder``, timing each phase."""
-    from dept.data import load_source_text, tokenize_source
-    from dept.sources import SourceSpec
-    from dept.vocab import load_tokenizer, tokenizer_digest
-    from dept.workspace import cache_dir, own_tokenizer
+    from dept.data.corpus import load_source_text, tokenize_source
+    from dept.data.sources import SourceSpec
+    from dept.data.vocab import load_tokenizer, tokenizer_digest
+    from dept.state.workspace import cache_dir, own_tokenizer
 
     spec = SourceSpec(name="bench", path=str(folder), vocab_size=vocab_size)
     cache = cache_dir(state)
@@ -103,7 +103,14 @@ def measure(folder: Path, work: Path, vocab_size: int) -> dict[str, Any]:
     state = work / "state"
     shutil.rmtree(state, ignore_errors=True)
     env = {**os.environ, "HF_HOME": str(work / "hf"), "HF_DATASETS_DISABLE_PROGRESS_BARS": "1"}
-    command = [sys.executable, "-m", "benchmarks.data_scaling", CHILD, str(folder), str(state)]
+    command = [
+        sys.executable,
+        "-m",
+        "benchmarks.overhead.data_scaling",
+        CHILD,
+        str(folder),
+        str(state),
+    ]
     child = subprocess.Popen(
         [*command, str(vocab_size)], env=env, stdout=subprocess.PIPE, text=True
     )
@@ -152,7 +159,9 @@ class AnonSampler(threading.Thread):
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.data_scaling", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.overhead.data_scaling", description=__doc__
+    )
     parser.add_argument("--sizes", default="0.1,0.5,2", help="source sizes in GB")
     parser.add_argument("--vocab-size", type=int, default=4096)
     parser.add_argument("--quick", action="store_true", help="sizes of 2 and 6 MB (a test)")

@@ -3,7 +3,7 @@ checkpoint), the same sources and node settings, driven in process (``LocalGrid`
 than through the deployment, which computes the same numbers: sampling and aggregation go
 by source name, never by node id or arrival order.
 
-Run as its own process (``python -m benchmarks.soak_reference RUN_DIR OUT_DIR``) with one
+Run as its own process (``python -m benchmarks.soak.reference RUN_DIR OUT_DIR``) with one
 thread, as the deployment's trainers run, so float sums are made in the same order.
 """
 
@@ -37,7 +37,7 @@ def node_configs(sources: tuple[str, ...], state: Path) -> list[dict[str, Any]]:
 def run_reference(run_dir: Path, out: Path, sources: tuple[str, ...]) -> Path:
     """Train the fault-free twin of the run in ``run_dir`` into ``out/run``; its folder."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    command = [sys.executable, "-m", "benchmarks.soak_reference", str(run_dir), str(out)]
+    command = [sys.executable, "-m", "benchmarks.soak.reference", str(run_dir), str(out)]
     subprocess.run([*command, *sources], check=True, env=env, timeout=1800)
     return out / "run"
 

@@ -8,7 +8,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from benchmarks.soak_watch import COLUMNS
+from benchmarks.soak.watch import COLUMNS
 
 
 def by_kind(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:

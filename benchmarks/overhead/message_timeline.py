@@ -5,7 +5,7 @@ the project's lines, routed through Flower's handler, are stamped alike; all run
 machine, so one clock orders them. A node handles one message at a time, so its k-th
 ``Receiving`` (SuperNode), k-th ``flwr-clientapp`` start, k-th arrival and answer (the
 ClientApp, :mod:`client_app.app`) and k-th ``Sending`` belong to the same message; the
-j-th ``local steps`` line of the node (:func:`dept.train.train_local`, in the ClientApp or
+j-th ``local steps`` line of the node (:func:`dept.train.local.train_local`, in the ClientApp or
 its warm worker) to its j-th train message. The ServerApp's pushes are the SuperLink's
 ``Runtime.PushMessages`` calls (only the ServerApp talks to its Runtime API).
 

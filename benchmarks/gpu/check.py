@@ -1,11 +1,11 @@
 """One prepared GPU check: what a CUDA machine gives this project, in under 8 minutes.
 
-    python -m benchmarks.gpu_check                 # the whole check, on a CUDA machine
-    python -m benchmarks.gpu_check --quick         # its short form (tiny models, a few steps)
+    python -m benchmarks.gpu.check                 # the whole check, on a CUDA machine
+    python -m benchmarks.gpu.check --quick         # its short form (tiny models, a few steps)
 
 Prints the device, torch and CUDA versions; measures training tokens/s and MFU of ``125m``
 and ``350m`` (bf16, fused AdamW, flash SDPA), eager and under ``torch.compile``
-(:mod:`benchmarks.gpu_training`); runs ``dept run`` on the four built-in sources sharing the
+(:mod:`benchmarks.gpu.training`); runs ``dept run`` on the four built-in sources sharing the
 GPU (Ray fractional GPUs) for two short rounds, and reports each round's wall time and its
 orchestration share (round wall time minus the slowest client's training time, over the
 round's wall time: the clients train at once); runs a source on two processes (``nproc =
@@ -57,7 +57,7 @@ NO_GPU = (
 )
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 TRAINS_ON = re.compile(r"(\S+): trains on (.+)$")
-GPU_SHARE = re.compile(r"dept run: \d+ SuperNodes, ([0-9.]+) GPU each")
+GPU_SHARE = re.compile(r"dept run: \d+ SuperNodes, .*each with ([0-9.]+) GPU")
 RANKS = re.compile(r"\[rank 0/(\d+)\]")  # what rank 0 of a multi-process source logs
 MULTI_SOURCE = "- {name: synth-latin, path: 'builtin:synthetic-latin', nproc: 2}\n"
 
@@ -149,10 +149,10 @@ def environment() -> dict[str, Any]:
 
 
 def training_step(plan: Plan, model: str, compile_model: bool, work: Path) -> Step:
-    """tokens/s and MFU of ``model`` by :mod:`benchmarks.gpu_training`."""
+    """tokens/s and MFU of ``model`` by :mod:`benchmarks.gpu.training`."""
     name = f"training {model} {'compiled' if compile_model else 'eager'}"
     out = work / name.replace(" ", "-")
-    command = [sys.executable, "-m", "benchmarks.gpu_training", "--model", model, *plan.training]
+    command = [sys.executable, "-m", "benchmarks.gpu.training", "--model", model, *plan.training]
     if compile_model:
         command += ["--compile", "--compile-backend", plan.compile_backend]
     return Step(

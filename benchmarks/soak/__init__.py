@@ -1,0 +1,1 @@
+"""What a deployment survives: a loopback federation trained through injected faults."""
