@@ -65,8 +65,8 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-free_port() {
-    python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+free_port() { # from DEPT_PORT_SPAN, below the ports outgoing connections take (the project's)
+    python3 -c 'from server_app.local_runtime import free_port; print(free_port())'
 }
 
 # wait_for SECONDS WHAT COMMAND...: COMMAND every 2 s until it succeeds; while a run is going,
@@ -120,8 +120,9 @@ profile() { # profile FILE ADDRESS [CA]: a flwr config whose default connection 
         "$2" "$security" >"$1"
 }
 
-start_run() { # start_run ROUNDS NODES LOCAL-STEPS: flwr run in the background
+start_run() { # start_run ROUNDS NODES LOCAL-STEPS [STEP-DELAY-S]: flwr run in the background
     local config="model='debug' seq-len=32 batch-size=4 local-steps=$3 warmup-steps=1"
+    config+=" step-delay-s=${4:-0.0}"
     config+=" eval-bytes=2048 num-server-rounds=$1 min-available-nodes=$2 wait-for-nodes-s=180.0"
     config+=" round-timeout-s=300.0 output-dir='$PHASE'"
     (cd "$PROJECT" && exec timeout "$WAIT_S" flwr run . --stream --run-config "$config") \
@@ -172,7 +173,9 @@ plain_phase() {
     compose "${args[@]}" up -d >"$OUT/plain-up.log" 2>&1 || fail "plain: up"
     profile "$FLWR_HOME/config.toml" "127.0.0.1:$SUPERLINK_PORT"
     wait_for 120 "the SuperLink" flwr supernode ls
-    start_run 3 4 150 # long enough that the kill lands while node-1 trains
+    # Each step waits 0.25 s: a round trains 10 s, so the kill lands while node-1 trains,
+    # not after it has saved round 2 (150 undelayed steps took under the 2 s poll here).
+    start_run 3 4 40 0.25
 
     wait_for "$WAIT_S" "node-1 training in round 2" \
         logs_match superexec-clientapp-1 "round 2 $NODE1_SOURCE: step" "${args[@]}"
@@ -237,7 +240,7 @@ tls_phase() {
     own "$CERTS_DIR/server.key" "$CERTS_DIR/superexec.secret" "$CERTS_DIR"/supernodes/node-?
     mkdir -p "$OUT/tls"
 
-    compose "${args[@]}" up -d superlink superexec-serverapp gateway >"$OUT/tls-up.log" 2>&1 ||
+    compose "${args[@]}" up -d superlink superexec-serverapp gateway-auth gateway >"$OUT/tls-up.log" 2>&1 ||
         fail "tls: up"
     profile "$FLWR_HOME/config.toml" "127.0.0.1:$SUPERLINK_PORT" "$CERTS_DIR/ca.crt"
     wait_for 120 "the TLS SuperLink" flwr supernode ls

@@ -7,12 +7,19 @@ config whose pid file, logs and temporary files all live in the test's own folde
 
 from __future__ import annotations
 
+import datetime
 import grp
 import os
 import pwd
 import shutil
+from base64 import b64encode
 from pathlib import Path
 from string import Template
+
+from cryptography.hazmat.primitives.asymmetric import ec
+from flwr.common.constant import TIMESTAMP_HEADER
+from flwr.supercore.constant import FLEET_HTTP_PUBLIC_KEY_HEADER, FLEET_HTTP_SIGNATURE_HEADER
+from flwr.supercore.primitives.asymmetric import public_key_to_bytes, sign_message
 
 TEMPLATE = Path(__file__).resolve().parents[2] / "docker" / "gateway.conf.template"
 # nginx checks an upstream certificate against its DNS names only (dept-certs' defaults have it).
@@ -37,10 +44,12 @@ def nginx() -> str | None:
     return shutil.which("nginx") or shutil.which("nginx", path="/usr/local/sbin:/usr/sbin")
 
 
-def render(listen: str, upstream: str, certs: Path) -> str:
-    """The template filled in for a SuperLink at ``upstream`` with dept-certs' ``certs``."""
+def render(listen: str, upstream: str, certs: Path, auth: str) -> str:
+    """The template filled in for a SuperLink at ``upstream`` with dept-certs' ``certs`` and
+    ``dept gateway-auth`` at ``auth``."""
     return Template(TEMPLATE.read_text()).safe_substitute(
         GATEWAY_LISTEN=listen,
+        GATEWAY_AUTH=auth,
         GATEWAY_CERT=str(certs / "server.pem"),
         GATEWAY_KEY=str(certs / "server.key"),
         SUPERLINK_UPSTREAM=upstream,
@@ -49,13 +58,13 @@ def render(listen: str, upstream: str, certs: Path) -> str:
     )
 
 
-def write_config(folder: Path, listen: str, upstream: str, certs: Path) -> Path:
+def write_config(folder: Path, listen: str, upstream: str, certs: Path, auth: str) -> Path:
     """The rendered snippet and a main config around it, in ``folder``; returns the latter.
     Workers run as the current user (ignored unless root), so they can enter the test's
     owner-only temporary folders."""
     folder.mkdir(parents=True, exist_ok=True)
     snippet = folder / "gateway.conf"
-    snippet.write_text(render(listen, upstream, certs))
+    snippet.write_text(render(listen, upstream, certs, auth))
     main = folder / "nginx.conf"
     user = pwd.getpwuid(os.geteuid()).pw_name
     group = grp.getgrgid(os.getegid()).gr_name
@@ -67,3 +76,19 @@ def arguments(folder: Path, config: Path) -> list[str]:
     """nginx's command line for ``config``: ``-e`` so that not even the startup error log
     goes to the system's /var/log/nginx."""
     return ["-p", str(folder), "-e", str(folder / "error.log"), "-c", str(config)]
+
+
+def signed_headers(
+    key: ec.EllipticCurvePrivateKey,
+    signer: ec.EllipticCurvePrivateKey | None = None,
+    at: datetime.datetime | None = None,
+) -> dict[str, str]:
+    """What Flower's ``NodeAuthHttpInterceptor`` sends for ``key``: its public key, a
+    timestamp (now, or ``at``) and the signature of that timestamp, by ``signer`` if given."""
+    stamp = (at or datetime.datetime.now(tz=datetime.UTC)).isoformat()
+    signature = sign_message(signer or key, stamp.encode("ascii"))
+    return {
+        FLEET_HTTP_PUBLIC_KEY_HEADER: b64encode(public_key_to_bytes(key.public_key())).decode(),
+        TIMESTAMP_HEADER: stamp,
+        FLEET_HTTP_SIGNATURE_HEADER: b64encode(signature).decode(),
+    }

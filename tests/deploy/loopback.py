@@ -23,6 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from server_app.local_runtime import free_port
 from tests.deploy import gateway
 
 PROJECT = Path(__file__).resolve().parents[2]
@@ -58,12 +59,6 @@ def node_config(source: str, state: Path, path: str | None = None) -> str:
         f"source='{source}' path='{path or 'builtin:synthetic-' + source}' "
         f"vocab-size=300 state-dir='{state / source}'"
     )
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @dataclass
@@ -136,6 +131,7 @@ class Loopback:
     auth: bool = False
     secret: bool = False  # SuperExec authentication on both hops (needs ``tls`` for the file)
     port: int = field(default_factory=free_port)
+    gateway_auth: str = field(default_factory=lambda: f"127.0.0.1:{free_port()}")
     processes: list[Process] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
 
@@ -212,13 +208,31 @@ class Loopback:
         )
         wait_for(lambda: self.flwr("supernode", "ls").returncode == 0, 60, "the SuperLink")
 
+    def start_gateway_auth(self) -> Process:
+        """``dept gateway-auth`` on the SuperLink's database, at :attr:`gateway_auth`."""
+        database = self.root / "superlink.db"
+        process = self.start(
+            "gateway-auth",
+            "dept",
+            "gateway-auth",
+            "--database",
+            str(database),
+            "--listen",
+            self.gateway_auth,
+        )
+        wait_for(lambda: accepts(self.gateway_auth), 30, "dept gateway-auth")
+        return process
+
     def start_gateway(self) -> str:
-        """The nginx gateway in front of this SuperLink, on every interface as deployed;
-        returns its loopback address."""
+        """The nginx gateway in front of this SuperLink, on every interface as deployed,
+        and the verifier it asks; returns the gateway's loopback address."""
         assert self.tls is not None, "the gateway serves TLS"
+        self.start_gateway_auth()
         port = free_port()
         folder = self.root / "gateway"
-        config = gateway.write_config(folder, str(port), self.address, self.tls.folder)
+        config = gateway.write_config(
+            folder, str(port), self.address, self.tls.folder, self.gateway_auth
+        )
         nginx = gateway.nginx()
         assert nginx is not None, "nginx is not installed"
         self.start("gateway", nginx, *gateway.arguments(folder, config))

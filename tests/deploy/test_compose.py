@@ -7,11 +7,14 @@ engine answers, and skips saying why where none does, unless ``DEPT_CONTAINER_TE
 
 from __future__ import annotations
 
+import functools
+import io
 import json
 import os
 import shutil
 import subprocess
 import sys
+import tarfile
 from pathlib import Path
 
 import pytest
@@ -21,6 +24,8 @@ BIN = Path(sys.executable).parent  # flwr, dept and podman-compose of this venv
 # docker/python-base.sh's image: where it exists, the images are built on it (no registry).
 PYTHON_BASE = "localhost/dept-python-base:bookworm"
 SMOKE_S = 1800
+# the packages superexec.Dockerfile copies into the image
+PACKAGES = ("dept", "dept_strategy", "server_app", "client_app", "dept_cli")
 IMAGES = {f"dept-flower/{role}:0.1.0" for role in ("superlink", "supernode", "superexec")}
 
 
@@ -90,3 +95,32 @@ def test_the_compose_federation_builds_runs_and_recovers(engine: str, tmp_path: 
     tls = json.loads((out / "tls" / "summary.json").read_text())
     assert len(tls["sources"]) == 3 and tls["avg_val_bpb"] < tls["initial_avg_val_bpb"]
     assert "403" in (out / "tls" / "outsider.txt").read_text()
+
+
+@pytest.mark.slow
+def test_the_build_context_holds_every_module_of_the_packages(engine: str, tmp_path: Path) -> None:
+    """What the engine's builder sends for the project's .dockerignore: every tracked module
+    of the packages the images install (podman once left out every subfolder's). Seconds:
+    a ``FROM scratch`` image of the context, listed through ``export``."""
+    dockerfile = tmp_path / "context.Dockerfile"
+    dockerfile.write_text("FROM scratch\nCOPY . /context\n")
+    tag = f"localhost/dept-context-check:{os.getpid()}"
+    root = Path(__file__).resolve().parents[2]
+    run = functools.partial(subprocess.run, check=True, capture_output=True, timeout=300)
+    run([engine, "build", "-q", "-f", str(dockerfile), "-t", tag, str(root)])
+    try:
+        container = run([engine, "create", tag, "none"], text=True).stdout.strip()
+        try:
+            listing = run([engine, "export", container]).stdout
+        finally:
+            run([engine, "rm", container])
+    finally:
+        run([engine, "rmi", "-f", tag])
+    with tarfile.open(fileobj=io.BytesIO(listing)) as archive:
+        sent = {n.removeprefix("context/") for n in archive.getnames()}
+    tracked = subprocess.run(
+        ["git", "ls-files", *PACKAGES], cwd=root, capture_output=True, text=True, check=True
+    ).stdout.split()
+    modules = {name for name in tracked if name.endswith(".py")}
+    assert modules and modules <= sent, sorted(modules - sent)[:10]
+    assert not any("__pycache__" in name for name in sent)

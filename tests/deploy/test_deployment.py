@@ -78,12 +78,14 @@ def test_a_node_killed_mid_round_comes_back_with_its_embeddings(
 ) -> None:
     state, out = tmp_path / "state", tmp_path / "out"
     loopback.start_superlink()
-    nodes = start_nodes(loopback, state, SOURCES)
-    victim = nodes[0]
-    # Long enough rounds that the kill lands while the victim trains.
+    # The victim's steps wait 0.3 s (its own step-delay-s): its rounds train 12 s, so the
+    # kill lands while it trains, not after it has saved round 2 (150 undelayed steps could).
+    slowed = f"{node_config(SOURCES[0], state)} step-delay-s=0.3"
+    victim = loopback.add_node(SOURCES[0], slowed)
+    start_nodes(loopback, state, SOURCES[1:])
     # The SuperLink answers for a node that misses two heartbeats (about 60 s); the round
     # timeout is only the backstop.
-    config = {"num-server-rounds": 4, "local-steps": 150, "round-timeout-s": 300.0}
+    config = {"num-server-rounds": 4, "local-steps": 40, "round-timeout-s": 300.0}
     config["min-available-nodes"] = 3
     run = loopback.run(run_config(out, **config))
 

@@ -212,6 +212,7 @@ def test_the_template_renders_the_same_through_envsubst(tmp_path: Path) -> None:
         pytest.skip("envsubst is missing (apt-get install gettext-base)")
     values = {
         "GATEWAY_LISTEN": "127.0.0.1:1",
+        "GATEWAY_AUTH": "127.0.0.1:3",
         "GATEWAY_CERT": str(tmp_path / "server.pem"),
         "GATEWAY_KEY": str(tmp_path / "server.key"),
         "SUPERLINK_UPSTREAM": "127.0.0.1:2",
@@ -229,7 +230,7 @@ def test_the_template_renders_the_same_through_envsubst(tmp_path: Path) -> None:
         check=True,
     )
     assert "${" not in done.stdout and "$remote_addr" in done.stdout, done.stdout
-    assert done.stdout == gateway.render("127.0.0.1:1", "127.0.0.1:2", tmp_path)
+    assert done.stdout == gateway.render("127.0.0.1:1", "127.0.0.1:2", tmp_path, "127.0.0.1:3")
 
 
 def test_the_rendered_gateway_passes_nginx_t(tmp_path: Path) -> None:
@@ -237,7 +238,8 @@ def test_the_rendered_gateway_passes_nginx_t(tmp_path: Path) -> None:
     if nginx is None:
         pytest.skip("nginx is not installed (apt-get install nginx-light)")
     make_certificates(tmp_path / "certs", ["localhost"], [])
-    config = gateway.write_config(tmp_path / "gw", "127.0.0.1:1", "127.0.0.1:2", tmp_path / "certs")
+    folder, certs = tmp_path / "gw", tmp_path / "certs"
+    config = gateway.write_config(folder, "127.0.0.1:1", "127.0.0.1:2", certs, "127.0.0.1:3")
     done = subprocess.run(
         [nginx, "-t", *gateway.arguments(tmp_path / "gw", config)],
         capture_output=True,

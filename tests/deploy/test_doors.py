@@ -6,13 +6,7 @@ federation test trains over nodes that connect through the gateway, end to end."
 
 from __future__ import annotations
 
-import ipaddress
 import json
-import shutil
-import ssl
-import subprocess
-from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -29,101 +23,27 @@ from flwr.supercore.runtime import RuntimeHttpClient
 from flwr.supernode.fleet_http_client import FleetHttpClient
 from flwr.supernode.node_auth_http_interceptor import NodeAuthHttpInterceptor
 
-from dept.certificates import make_certificates
-from tests.deploy import gateway
+from tests.deploy.doors import (
+    NGINX_MISSING,
+    Doors,
+    allowed,
+    from_the_gateway,
+    https,
+    refused,
+)
 from tests.deploy.loopback import (
     PROJECT,
     SERVER_DONE,
-    Loopback,
-    Tls,
     accepts,
     node_config,
     run_config,
     wait_for,
     wait_for_line,
-    write_profile,
 )
 from tests.deploy.test_deployment import RUN_S, finish
 
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(
-        gateway.nginx() is None,
-        reason="nginx is not installed (apt-get install nginx-light): the gateway is nginx",
-    ),
-]
+pytestmark = [pytest.mark.slow, NGINX_MISSING]
 ACQUIRE_TASK = "/flwr.proto.Runtime/AcquireTask"
-
-
-@dataclass
-class Doors:
-    loopback: Loopback  # the operator: its profile is the SuperLink's loopback address
-    certs: Path
-    gateway: str
-    outsider: Path  # a $FLWR_HOME holding ca.crt and a profile to the gateway, nothing else
-    public: str | None  # this machine's non-loopback address, in the certificate's names
-
-    def outsider_flwr(self, *args: str) -> subprocess.CompletedProcess:
-        return self.loopback.flwr(*args, home=self.outsider)
-
-    def operator_flwr(self, *args: str) -> subprocess.CompletedProcess:
-        return self.loopback.flwr(*args)
-
-    def key(self, name: str) -> str:
-        return str(self.certs / "supernodes" / f"{name}.pub")
-
-    @property
-    def secret(self) -> bytes:
-        return (self.certs / "superexec.secret").read_bytes()
-
-
-def public_address() -> str | None:
-    """This machine's first non-loopback IPv4 address (``hostname -I``), if any."""
-    try:
-        words = subprocess.run(
-            ["hostname", "-I"], capture_output=True, text=True, timeout=10
-        ).stdout.split()
-    except (OSError, subprocess.SubprocessError):
-        return None
-    for word in words:
-        try:
-            address = ipaddress.ip_address(word)
-        except ValueError:  # not an address: some hostname builds print a usage line instead
-            continue
-        if address.version == 4 and not (address.is_loopback or address.is_link_local):
-            return word
-    return None
-
-
-@pytest.fixture(scope="module")
-def doors(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Doors]:
-    root = tmp_path_factory.mktemp("doors")
-    public = public_address()
-    certs = root / "certs"
-    names = ["127.0.0.1", gateway.SUPERLINK_TLS_NAME, *([public] if public else [])]
-    make_certificates(certs, names, ["node-a", "node-b", "spare"])
-    outsider = root / "outsider"
-    outsider.mkdir()
-    shutil.copy(certs / "ca.crt", outsider / "ca.crt")
-    deployment = Loopback(root, tls=Tls(certs), auth=True, secret=True)
-    try:
-        deployment.start_superlink()
-        address = deployment.start_gateway()
-        write_profile(outsider, "gateway", address, Tls(outsider))
-        yield Doors(deployment, certs, address, outsider, public)
-    finally:
-        deployment.close()
-
-
-def refused(done: subprocess.CompletedProcess) -> None:
-    """The gateway's answer to anything but the Fleet API, as the flwr CLI reports it."""
-    output = done.stdout + done.stderr
-    assert done.returncode != 0 and "403 Forbidden" in output, output
-
-
-def allowed(done: subprocess.CompletedProcess) -> str:
-    assert done.returncode == 0, done.stdout + done.stderr
-    return done.stdout
 
 
 def acquire_task(address: str, ca: Path | None, secret: bytes | None) -> int:
@@ -150,14 +70,6 @@ def acquire_task(address: str, ca: Path | None, secret: bytes | None) -> int:
     return 200
 
 
-def https(doors: Doors, method: str, address: str, path: str, body: bytes = b"") -> httpx.Response:
-    """One request checked against ``ca.crt`` (so against the certificate's names)."""
-    context = ssl.create_default_context(cafile=doors.certs / "ca.crt")
-    headers = {"content-type": "application/protobuf"}
-    with httpx.Client(verify=context, trust_env=False, timeout=60) as client:
-        return client.request(method, f"https://{address}{path}", content=body, headers=headers)
-
-
 @pytest.mark.parametrize("command", [("ls",), ("supernode", "ls")], ids=" ".join)
 def test_listing_is_for_the_operator_only(doors: Doors, command: tuple[str, ...]) -> None:
     refused(doors.outsider_flwr(*command))
@@ -172,7 +84,9 @@ def test_registering_a_key_is_for_the_operator_only(doors: Doors) -> None:
 
 def test_a_node_cannot_register_itself_through_the_fleet_api(doors: Doors) -> None:
     """The Fleet API is public, so its own registration call must be off: a stranger's node
-    with a fresh key of its own, signed as a SuperNode signs, through the gateway."""
+    with a fresh key of its own, signed as a SuperNode signs, through the gateway. The
+    gateway refuses the unregistered key (401); the SuperLink would too (412, "registered
+    via the CLI"), but only after reading the body."""
     key = ec.generate_private_key(ec.SECP384R1())
     interceptors = [
         RuntimeVersionHttpInterceptor(component_name="SuperNode"),
@@ -183,6 +97,11 @@ def test_a_node_cannot_register_itself_through_the_fleet_api(doors: Doors) -> No
     client = FleetHttpClient.from_server_address(doors.gateway, False, ca, interceptors)
     with client, pytest.raises(httpx.HTTPStatusError) as refusal:
         client.RegisterNode(request)
+    response = refusal.value.response
+    assert response.status_code == 401 and from_the_gateway(response), response.text
+    direct = FleetHttpClient.from_server_address(doors.loopback.address, False, ca, interceptors)
+    with direct, pytest.raises(httpx.HTTPStatusError) as refusal:
+        direct.RegisterNode(request)
     response = refusal.value.response
     assert response.status_code == 412 and "registered via the CLI" in response.text
 
@@ -213,18 +132,11 @@ def test_the_gateway_refuses_all_but_the_fleet_api(doors: Doors, path: str) -> N
     assert response.status_code == 403 and "only the SuperNode" in response.text, response.text
 
 
-def test_the_gateway_carries_large_bodies(doors: Doors) -> None:
-    body = bytes(16 * 2**20)  # nginx's default limit is 1 MB
-    response = https(doors, "POST", doors.gateway, "/v1/fleet/push-object", body)
-    # The SuperLink's own answer: it read the body and found no protobuf in it.
-    assert response.status_code == 400 and "protobuf" in response.text, response.text
-
-
 def test_a_federation_through_the_gateway(doors: Doors, tmp_path: Path) -> None:
     deployment, via = doors.loopback, doors.gateway
     state, out = tmp_path / "state", tmp_path / "out"
     config = run_config(out, **{"num-server-rounds": 2, "min-available-nodes": 2})
-    # An unregistered key is refused at activation, through the gateway, and the node exits.
+    # An unregistered key is refused at the gateway, and the node exits saying so.
     stranger, _ = deployment.start_supernode("greek", node_config("greek", state), "node-b", via)
     allowed(doors.operator_flwr("supernode", "register", doors.key("node-a")))
     first = deployment.add_node("latin", node_config("latin", state), key="node-a", via=via)
@@ -234,7 +146,7 @@ def test_a_federation_through_the_gateway(doors: Doors, tmp_path: Path) -> None:
     run_id = wait_for_line(run, r"Successfully started run (\d+)", 60).group(1)
     refused(doors.outsider_flwr("stop", run_id))
 
-    wait_for_line(stranger, r"Failed to activate SuperNode", 60)
+    wait_for_line(stranger, r"Failed to activate SuperNode: the gateway refused it", 60)
     wait_for(lambda: stranger.popen.poll() is not None, 30, "the refused SuperNode to exit")
     # Once the operator registers its key, the same node joins.
     allowed(doors.operator_flwr("supernode", "register", doors.key("node-b")))
@@ -270,6 +182,6 @@ def test_from_the_network_only_the_gateway_answers(doors: Doors) -> None:
     assert accepts(f"{doors.public}:{gateway_port}")
     response = https(doors, "GET", f"{doors.public}:{gateway_port}", "/v1/control/list-runs")
     assert response.status_code == 403, response.text
-    # The Fleet API answers, and itself asks for a registered node's signature.
-    fleet = https(doors, "POST", f"{doors.public}:{gateway_port}", "/v1/fleet/get-run")
-    assert fleet.status_code == 401 and "SuperNode authentication" in fleet.text, fleet.text
+    # The Fleet API answers, and asks for a registered node's signature.
+    unsigned = https(doors, "POST", f"{doors.public}:{gateway_port}", "/v1/fleet/get-run")
+    assert unsigned.status_code == 401 and from_the_gateway(unsigned), unsigned.text

@@ -1,0 +1,139 @@
+"""``dept gateway-auth`` on its own: each verdict from the headers a SuperNode signs, keys
+read from a database made with the SuperLink's own schema, and the HTTP answer nginx gets.
+Through real nginx and a real SuperLink: ``tests/deploy/test_doors.py``."""
+
+from __future__ import annotations
+
+import datetime
+import http.client
+import sqlite3
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from cryptography.hazmat.primitives.asymmetric import ec
+from flwr.supercore.constant import FLEET_HTTP_PUBLIC_KEY_HEADER, FLEET_HTTP_SIGNATURE_HEADER
+from flwr.supercore.primitives.asymmetric import public_key_to_bytes
+from flwr.supercore.state.schema.linkstate_models import LinkStateBase
+from sqlalchemy import create_engine
+
+from dept_cli import gateway_auth
+from dept_cli.gateway_auth import RegisteredKeys, check
+from tests.deploy.gateway import signed_headers
+
+
+def new_key() -> ec.EllipticCurvePrivateKey:
+    return ec.generate_private_key(ec.SECP384R1())
+
+
+@pytest.fixture
+def database(tmp_path: Path) -> Path:
+    path = tmp_path / "superlink.db"
+    LinkStateBase.metadata.create_all(create_engine(f"sqlite:///{path}"))
+    return path
+
+
+def register(database: Path, key: ec.EllipticCurvePrivateKey, node_id: int, status: str) -> None:
+    with sqlite3.connect(database) as db:
+        db.execute(
+            "INSERT INTO node (node_id, status, public_key) VALUES (?, ?, ?)",
+            (node_id, status, public_key_to_bytes(key.public_key())),
+        )
+
+
+def set_status(database: Path, node_id: int, status: str) -> None:
+    with sqlite3.connect(database) as db:
+        db.execute("UPDATE node SET status = ? WHERE node_id = ?", (status, node_id))
+
+
+def test_a_registered_nodes_fresh_signature_passes(database: Path) -> None:
+    node = new_key()
+    register(database, node, 1, "online")
+    assert check(signed_headers(node), RegisteredKeys(database)).status == 200
+
+
+@pytest.mark.parametrize(
+    ("case", "status"),
+    [
+        ("no headers", 401),
+        ("not base64", 401),
+        ("no time zone", 401),
+        ("stale", 401),
+        ("from the future", 401),
+        ("another key's signature", 401),
+        ("not a key", 401),
+        ("unregistered key", 401),
+        ("never registered", 401),
+    ],
+)
+def test_every_other_call_is_refused(database: Path, case: str, status: int) -> None:
+    node, stranger = new_key(), new_key()
+    register(database, node, 1, "online")
+    register(database, stranger, 2, "unregistered")
+    now = datetime.datetime.now(tz=datetime.UTC)
+    headers = {
+        "no headers": {},
+        "not base64": {**signed_headers(node), FLEET_HTTP_SIGNATURE_HEADER: "%%%"},
+        "no time zone": signed_headers(node, at=now.replace(tzinfo=None)),
+        "stale": signed_headers(node, at=now - datetime.timedelta(minutes=10)),
+        "from the future": signed_headers(node, at=now + datetime.timedelta(minutes=1)),
+        "another key's signature": signed_headers(node, signer=stranger),
+        "not a key": {**signed_headers(node), FLEET_HTTP_PUBLIC_KEY_HEADER: "bm90IGEga2V5"},
+        "unregistered key": signed_headers(stranger),
+        "never registered": signed_headers(new_key()),
+    }[case]
+    verdict = check(headers, RegisteredKeys(database))
+    assert verdict.status == status, verdict
+
+
+def test_a_change_in_registration_counts_once_the_verdict_expires(database: Path) -> None:
+    node = new_key()
+    register(database, node, 1, "registered")
+    keys = RegisteredKeys(database, ttl_s=0.2)
+    assert check(signed_headers(node), keys).status == 200
+    # Execute: the operator unregisters it
+    set_status(database, 1, "unregistered")
+    # Assert: the cached verdict stands for ttl_s, then the database's
+    assert check(signed_headers(node), keys).status == 200
+    threading.Event().wait(0.3)
+    assert check(signed_headers(node), keys).status == 401
+
+
+def test_a_missing_table_fails_at_start(tmp_path: Path) -> None:
+    empty = tmp_path / "empty.db"
+    sqlite3.connect(empty).close()
+    with pytest.raises(sqlite3.OperationalError, match="no such table"):
+        RegisteredKeys(empty)
+
+
+@pytest.fixture
+def verifier(database: Path) -> Iterator[tuple[str, int]]:
+    server = gateway_auth.serve(database, "127.0.0.1:0")
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield server.server_address[:2]  # type: ignore[misc]
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_nginx_gets_the_verdict_as_the_status(database: Path, verifier: tuple[str, int]) -> None:
+    node = new_key()
+    register(database, node, 1, "online")
+    answers = []
+    connection = http.client.HTTPConnection(*verifier, timeout=10)
+    for headers in (signed_headers(node), {}, signed_headers(new_key())):
+        connection.request("GET", "/check", headers=headers)  # one kept-alive connection
+        response = connection.getresponse()
+        assert response.read() == b""
+        answers.append(response.status)
+    connection.close()
+    assert answers == [200, 401, 401]
+
+
+def test_the_command_names_a_missing_database(tmp_path: Path) -> None:
+    with pytest.raises(SystemExit) as stopped:
+        gateway_auth.main(["--database", str(tmp_path / "nowhere.db")])
+    assert stopped.value.code == 2
