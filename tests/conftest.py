@@ -13,11 +13,26 @@ import torch
 from dept.config import DeptConfig, load_config
 from dept.logs import PROJECT_LOGGERS
 from tests.helpers import debug_run_config, held_elsewhere
+from tests.scheduling import auto_workers, give_worker_its_ports, make_scheduler
 
 # The real answers, for the ``gpu`` tests (the others are given none: :func:`_no_cuda`).
 CUDA_FUNCTIONS = {"is_available": torch.cuda.is_available, "device_count": torch.cuda.device_count}
 VISIBLE = "CUDA_VISIBLE_DEVICES"
 REAL_VISIBLE = os.environ.get(VISIBLE)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    give_worker_its_ports()
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
+    """The longest tests first, one at a time (:mod:`tests.scheduling`)."""
+    return make_scheduler(config, log)
+
+
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """``-n auto``: :func:`tests.scheduling.auto_workers`."""
+    return auto_workers()
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -64,6 +79,17 @@ def _one_torch_thread() -> None:
     the cores' count): the models here are tiny, and with more threads than free cores each
     step waits on spinning threads (forward passes up to 20x slower measured on 2 busy cores)."""
     torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _one_thread_in_every_process() -> Iterator[None]:
+    """So does every process a test starts (a warm worker, a rank, a Ray actor): the tests
+    compare the numbers of two paths bit for bit, and a process on a thread per core split
+    its sums otherwise (a warm worker's bits per byte once differed from the in-process
+    path's by 6e-3 on a loaded machine)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("OMP_NUM_THREADS", "1")
+        yield
 
 
 @pytest.fixture(scope="session")
