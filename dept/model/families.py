@@ -15,6 +15,7 @@ scale its residual projections by 1/sqrt(2 · layers), as GPT-2 does), then ψ (
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import math
@@ -33,6 +34,7 @@ from transformers import (
     PretrainedConfig,
     PreTrainedModel,
 )
+from transformers.initialization import no_init_weights
 
 from dept.paths import resolve_path
 
@@ -240,22 +242,29 @@ def build_model(
     seed: int = 0,
     device: torch.device | str | None = None,
     activation_checkpointing: bool = False,
+    initialise: bool = True,
 ) -> PreTrainedModel:
     """A freshly initialised model; the same ``seed`` gives the same θ for any vocabulary
     (``activation_checkpointing``: see :func:`checkpoint_activations`).
 
     It is built on ``device`` (default: torch's default device), so a CUDA model is never a
     CPU copy first. Its draws come from that device's generator: the same θ on every CPU,
-    another on CUDA (a client's are all replaced by the server's θ and its own φ_k)."""
+    another on CUDA (a client's are all replaced by the server's θ and its own φ_k).
+    ``initialise=False`` draws nothing and leaves the parameters as allocated, for a model
+    whose every parameter is loaded next: 2.6 s of a CPU core saved per build at 125m."""
     config = build_config(name, vocab_size, max_seq_len, tie_embeddings)
     family = model_choice(name).family
     where = torch.device(device) if device is not None else torch.get_default_device()
     forked = [where] if where.type == "cuda" else []  # the generator drawn from, left as it was
+    drawing = contextlib.nullcontext() if initialise else no_init_weights()
     with torch.random.fork_rng(devices=forked), where:
         torch.manual_seed(seed)
-        model = family.model_class(config)
+        with drawing:
+            model = family.model_class(config)
+        model.tie_weights()  # no_init_weights skips it with the rest of init_weights
         torch.manual_seed(seed)  # θ from its own seed, whatever the vocabulary drew
-        _initialise(model, family, config.num_hidden_layers)
+        if initialise:
+            _initialise(model, family, config.num_hidden_layers)
     if activation_checkpointing:
         checkpoint_activations(model)
     return model
@@ -354,6 +363,15 @@ def position_state(model: PreTrainedModel) -> dict[str, torch.Tensor]:
 
 def _copies(params: Mapping[str, nn.Parameter]) -> dict[str, torch.Tensor]:
     return {n: p.detach().to("cpu", torch.float32).clone() for n, p in params.items()}
+
+
+def check_all_loaded(model: PreTrainedModel, loaded: list[nn.Parameter]) -> None:
+    """Refuse a model with a parameter outside ``loaded``: built without initial values
+    (``build_model(initialise=False)``), it would train on whatever its memory held."""
+    ids = {id(p) for p in loaded}
+    left = [name for name, p in model.named_parameters() if id(p) not in ids]
+    if left:
+        raise RuntimeError(f"parameters neither received nor kept by the source: {left[:3]}")
 
 
 def load_tensors(

@@ -32,6 +32,7 @@ from dept.data.vocab import VocabMap, source_vocabulary, token_byte_lengths
 from dept.model.families import (
     EMBEDDING_NAMES,
     build_model,
+    check_all_loaded,
     embedding_parameters,
     load_tensors,
     position_count,
@@ -139,6 +140,7 @@ class SourceClient:
             seed=self.cfg.seed,
             device=self.device,
             activation_checkpointing=self.cfg.activation_checkpointing,
+            initialise=False,  # every parameter is loaded below (check_all_loaded)
         )
         embeddings = embedding_parameters(model)
         whole = {
@@ -157,6 +159,8 @@ class SourceClient:
             for name, param in embeddings.items():
                 if shared:
                     param[:shared].copy_(arrays[name])
+        whole_rows = [p for p in embeddings.values() if shared >= p.shape[0]]
+        check_all_loaded(model, [*whole.values(), *kept.values(), *whole_rows])
         return model
 
     def state(self, before_round: int, attempt: Attempt | None = None) -> FoundState:

@@ -9,8 +9,17 @@ import dept.train.prepare
 from dept.config import load_config
 from dept.data.corpus import TokenizedSource
 from dept.data.sources import load_sources
-from dept.model.families import body_state, build_model, embedding_parameters
+from dept.model.families import (
+    EMBEDDING_NAMES,
+    body_parameters,
+    body_state,
+    build_model,
+    check_all_loaded,
+    embedding_parameters,
+)
 from dept.state.workspace import Workspace
+from dept.train import source_client
+from dept.train.sharing import initial_tensors
 from dept.train.source_client import SourceClient
 from dept.wire.compression import decode, encode, payload_keys
 from tests.helpers import DEVICES, assert_same_training, debug_run_config, share_cache
@@ -176,3 +185,39 @@ def test_a_token_id_without_a_row_is_refused_on_the_cpu(
         f"source 'synth-greek': token id {size} in its validation tokens is outside its "
         f"tokenizer's vocabulary of {size} ids"
     )
+
+
+@pytest.mark.parametrize("model", ["debug", "gpt2:debug"])
+@pytest.mark.parametrize("variant", ["glob", "trim", "spec", "spec-opt"])
+def test_a_model_built_without_drawing_is_the_one_built_with(
+    tmp_path: Path, variant: str, model: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The client builds its model without initial values (every parameter is loaded): the
+    same tensors, buffers and tying as a model drawn first and then loaded."""
+    client = _client(tmp_path, variant, model=model, **{"tie-embeddings": model == "debug"})
+    server, _ = initial_tensors(client.cfg)
+    arrays = {n: v for n, v in server.items() if n not in EMBEDDING_NAMES}
+    if client.variant.shares_embeddings:  # GLOB all rows, TRIM its V_k rows
+        rows = client.shared_ids
+        pick = slice(None) if rows is None else torch.from_numpy(rows.astype("int64"))
+        arrays |= {n: server[n][pick] for n in EMBEDDING_NAMES if n in server}
+    built = client.model(arrays, None)
+    drawn = source_client.build_model
+    monkeypatch.setattr(
+        source_client, "build_model", lambda *a, **k: drawn(*a, **{**k, "initialise": True})
+    )
+    reference = client.model(arrays, None)
+    assert built.state_dict().keys() == reference.state_dict().keys()
+    for name, tensor in reference.state_dict().items():
+        assert torch.equal(built.state_dict()[name], tensor), name
+    tied = [
+        m.get_output_embeddings().weight is m.get_input_embeddings().weight
+        for m in (built, reference)
+    ]
+    assert tied[0] == tied[1] == (model == "debug")
+
+
+def test_a_parameter_left_unloaded_is_refused() -> None:
+    model = build_model("debug", 300, 64, initialise=False)
+    with pytest.raises(RuntimeError, match=r"neither received nor kept by the source: .*embed"):
+        check_all_loaded(model, list(body_parameters(model).values()))
