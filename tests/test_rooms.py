@@ -120,6 +120,20 @@ def test_no_module_imports_itself_back_through_others() -> None:
         pytest.fail("a module imports itself back: " + " -> ".join(reversed(error.args[1])))
 
 
+MAX_LINES = 400
+
+
+def test_no_module_of_ours_is_over_400_lines() -> None:
+    """A module that grows past this holds more than one job: split it by concern."""
+    long = {
+        str(path.relative_to(ROOT)): n
+        for pkg in OURS
+        for path in (ROOT / pkg).rglob("*.py")
+        if (n := len(path.read_text().splitlines())) > MAX_LINES
+    }
+    assert not long, f"over {MAX_LINES} lines: {long}"
+
+
 def test_the_check_sees_a_late_import(tmp_path: Path) -> None:
     module = tmp_path / "late.py"
     module.write_text("def f():\n    from flwr.app import Message\n    import server_app.x\n")

@@ -44,10 +44,9 @@ STDLIB_VAL_EVERY = 20
 TOKENS_FORMAT = 2  # 1: one .npz of int32 per source; 2: memory-mapped shards (dept.data.shards)
 SAMPLE_STREAM = 0x70C  # the tokenizer sample's random stream, apart from the run's others
 SPLITS = ("train", "validation")
-# Rows per record batch in the Arrow files datasets builds (its default is 1,000; its
-# builders' own chunks of about 10 MB cap it). Mapping a table reads every batch's header,
-# and each read maps ~64 KB around it (the kernel's fault-around): 1,000-row batches of a
-# 2 GB source would leave ~450 MB resident before any pass.
+# Rows per record batch in datasets' Arrow files (its default 1,000; its builders' ~10 MB
+# chunks cap it): mapping a table reads each batch's header with ~64 KB of fault-around, so
+# 1,000-row batches of a 2 GB source would leave ~450 MB resident before any pass.
 WRITER_ROWS = 100_000
 
 
