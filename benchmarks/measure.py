@@ -22,7 +22,9 @@ from rich.table import Table
 
 from server_app.report import dumps
 
-CORPORA = Path(__file__).resolve().parent / "corpora.yaml"
+PROJECT = Path(__file__).resolve().parents[1]  # the checkout: flwr run and dept run start here
+CORPORA = PROJECT / "benchmarks" / "corpora.yaml"
+RESULTS = PROJECT / "benchmarks" / "results"
 
 
 def machine(threads: int | None = None) -> dict[str, Any]:

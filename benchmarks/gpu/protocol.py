@@ -24,10 +24,10 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from benchmarks.measure import CORPORA
 from dept.data.sources import load_sources, write_sources
 from dept_cli import compare
 
-ROOT = Path(__file__).resolve().parents[1]
 SOURCES = ("en-shakespeare", "de-novels", "code-python", "zh-techdoc")
 AUTHORS = "weight-decay=0.0 keep-inner-optimizer=false grad-clip=1.0 min-lr-ratio=0.1"
 # (model, seq-len, batch-size, local-steps, rounds, warmup, eval-bytes, lr)
@@ -60,7 +60,7 @@ def protocol_sources(args: argparse.Namespace) -> Path:
     """The sources file the protocol reads: the four corpora, or the one given."""
     if args.sources_file:
         return Path(args.sources_file)
-    chosen = [s for s in load_sources(ROOT / "benchmarks" / "corpora.yaml") if s.name in SOURCES]
+    chosen = [s for s in load_sources(CORPORA) if s.name in SOURCES]
     path = Path(args.out) / "protocol-sources.yaml"
     path.parent.mkdir(parents=True, exist_ok=True)
     write_sources(path, chosen)

@@ -39,6 +39,7 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, RecordDict
 
 from benchmarks.measure import (
+    PROJECT,
     common_arguments,
     corpora_run_config,
     interleave,
@@ -61,7 +62,6 @@ from server_app.launch import build_command
 from server_app.local_runtime import local_runtime
 from server_app.sizing import ClientShare
 
-PROJECT = Path(__file__).resolve().parents[1]
 TARGET = 0.95
 
 

@@ -33,6 +33,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from benchmarks.measure import RESULTS
 from benchmarks.soak import checks
 from benchmarks.soak import faults as inject
 from benchmarks.soak.reference import run_reference
@@ -47,7 +48,6 @@ PARTITION_S = 70.0  # Flower 1.42 drops a node after 2 missed heartbeats of 30 s
 POLL_S = 0.5
 GRACE_S = 20.0  # a SIGTERMed process's time to exit cleanly at the end
 RESUMED = re.compile(r"resuming run \S+ after round (\d+)")
-RESULTS = Path(__file__).resolve().parent / "results" / "fault-soak"
 
 
 @dataclass(frozen=True)
@@ -311,7 +311,7 @@ def arguments() -> argparse.ArgumentParser:
     parser.add_argument("--kinds", default=",".join(inject.KINDS), help="comma-separated")
     parser.add_argument("--timeout-s", type=float, default=1800.0)
     parser.add_argument("--work", type=Path, required=True, help="scratch folder (emptied)")
-    parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--out", type=Path, default=RESULTS / "fault-soak")
     return parser
 
 
