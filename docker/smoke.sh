@@ -173,6 +173,9 @@ plain_phase() {
     compose "${args[@]}" up -d >"$OUT/plain-up.log" 2>&1 || fail "plain: up"
     profile "$FLWR_HOME/config.toml" "127.0.0.1:$SUPERLINK_PORT"
     wait_for 120 "the SuperLink" flwr supernode ls
+    # Before any message: the executor started the node's warm worker (compose.yml).
+    wait_for 180 "node-1's warm worker, started with its executor" logs_match \
+        superexec-clientapp-1 "warm worker [0-9]+: serving /app/state/warm-worker" "${args[@]}"
     # Each step waits 0.25 s: a round trains 10 s, so the kill lands while node-1 trains,
     # not after it has saved round 2 (150 undelayed steps took under the 2 s poll here).
     start_run 3 4 40 0.25
@@ -189,6 +192,8 @@ plain_phase() {
     sed 's/\x1b\[[0-9;]*m//g' "$OUT/plain/node-1.log" | grep -E "embeddings from the state of round [0-9]+" |
         tail -1 >"$OUT/plain/reload.txt" || fail "plain: node-1 did not reload its embeddings"
     log "plain: recreated node-1 says: $(cat "$OUT/plain/reload.txt")"
+    ! grep -q "code changed, retiring" "$OUT/plain/node-1.log" ||
+        fail "plain: node-1's warm worker, started with its executor, ran other code than the run"
     check_comeback "$NODE1_SOURCE"
     check_summary "$NODE1_SOURCE" synth-cyrillic synth-greek synth-georgian
 }
