@@ -95,22 +95,36 @@ def round_diagnostics(
     embedding_names: tuple[str, ...],
     *,
     interference: bool,
+    theta: Gram | None = None,
 ) -> dict[str, Any]:
     """``update_norms`` (per source: θ, and φ where shared) and, with ``interference``,
-    ``interference`` (the sources, the cosine matrices, their mean off the diagonal)."""
-    groups = {"theta": [n for n in shapes if n not in embedding_names]}
-    if embedding_names:
-        groups["phi"] = [n for n in shapes if n in embedding_names]
+    ``interference`` (the sources, the cosine matrices, their mean off the diagonal);
+    ``theta``: θ's Gram sums of these replies where already read (the direction check)."""
+    groups = theta_and_phi(shapes, embedding_names)
     norms = {s: update_norms(r, embedding_names) for s, r in zip(sources, replies, strict=True)}
     out: dict[str, Any] = {"update_norms": norms}
     if interference:
-        matrices = {g: gram(replies, names, shapes).cosines() for g, names in groups.items()}
+        known = {"theta": theta} if theta is not None else {}
+        matrices = {
+            g: (known.get(g) or gram(replies, names, shapes)).cosines()
+            for g, names in groups.items()
+        }
         out["interference"] = {
             "sources": list(sources),
             **{g: m.tolist() for g, m in matrices.items()},
             **{f"{g}_mean_offdiag": mean_off_diagonal(m) for g, m in matrices.items()},
         }
     return out
+
+
+def theta_and_phi(
+    shapes: dict[str, tuple[int, ...]], embedding_names: tuple[str, ...]
+) -> dict[str, list[str]]:
+    """The tensor names of θ and, where φ is shared, of φ."""
+    groups = {"theta": [n for n in shapes if n not in embedding_names]}
+    if embedding_names:
+        groups["phi"] = [n for n in shapes if n in embedding_names]
+    return groups
 
 
 def update_norms(reply: Spooled, embedding_names: tuple[str, ...]) -> dict[str, float]:

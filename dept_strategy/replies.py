@@ -122,7 +122,8 @@ class ReplyDesk:
                 why = f"{flag.why}; scaled by {flag.shrink:.3g}"
                 self.history.clipped(self.round, arrival.target.node, why, arrival.target.source)
                 stats = arrival.spooled.stats.scaled(flag.shrink)
-                spooled = replace(arrival.spooled, scale=flag.shrink, stats=stats)
+                scale = arrival.spooled.scale * flag.shrink  # clipped for size, then direction
+                spooled = replace(arrival.spooled, scale=scale, stats=stats)
                 kept.append(replace(arrival, spooled=spooled))
         return kept
 

@@ -1,7 +1,8 @@
 """How a training round's replies become one outer step: taken in and decoded one at a time
 (:mod:`dept_strategy.replies`), spooled and folded into a running mean
 (:mod:`dept_strategy.spool`, :mod:`dept_strategy.aggregate`), screened for size
-(:mod:`dept_strategy.screening`, fragments sized in rounds of training), diagnosed
+(:mod:`dept_strategy.screening`, fragments sized in rounds of training) and for direction
+(:mod:`dept_strategy.direction`), diagnosed
 (:mod:`dept_strategy.diagnostics`), combined by the run's rule and stepped. The strategy
 (:class:`dept_strategy.strategy.DeptStrategy`) inherits this; it holds the state used here.
 """
@@ -21,7 +22,8 @@ import torch
 from flwr.app import Message
 
 from dept_strategy.aggregate import RunningMean, combine
-from dept_strategy.diagnostics import round_diagnostics
+from dept_strategy.diagnostics import Gram, gram, round_diagnostics, theta_and_phi
+from dept_strategy.direction import screen_directions
 from dept_strategy.fragments import FragmentBook
 from dept_strategy.history import RunHistory
 from dept_strategy.inflight import InFlight
@@ -80,6 +82,8 @@ class RoundCombining:
             arrivals = desk.take_train(replies, intake)
             self._close(desk)
             accepted = self._screen(server_round, arrivals, desk, max_weight)
+            theta = self._theta_gram(accepted, shapes) if accepted else None
+            accepted, cosines = self._screen_directions(server_round, accepted, theta, desk)
             if len(accepted) < self.settings.min_train_replies:
                 log.warning(
                     "round %d: %d usable training replies, fewer than %d (config key "
@@ -89,7 +93,7 @@ class RoundCombining:
                     self.settings.min_train_replies,
                 )
                 return None
-            self._diagnose(server_round, accepted, shapes)
+            self._diagnose(server_round, accepted, shapes, theta, cosines)
             # In source order, not arrival order: the float32 mean rounds by order, and a
             # deployment's arrival order is not the same twice (a resumed run must match);
             # the running mean was folded in that order as far as arrivals allowed.
@@ -104,20 +108,63 @@ class RoundCombining:
         self.outer.step(delta, frozen_rows)
         return accepted
 
+    def _theta_gram(
+        self, accepted: list[Arrival], shapes: dict[str, tuple[int, ...]]
+    ) -> Gram | None:
+        """θ's Gram sums over the accepted updates in source order, read once from the
+        spool for the direction check and the interference; None where neither is on."""
+        if not (self.settings.interference or self.settings.defences.direction_factor > 0):
+            return None
+        ordered = _by_source(accepted)
+        names = theta_and_phi(shapes, self.embedding_names)["theta"]
+        return gram([a.spooled for a in ordered], names, shapes)
+
+    def _screen_directions(
+        self, server_round: int, accepted: list[Arrival], theta: Gram | None, desk: ReplyDesk
+    ) -> tuple[list[Arrival], dict[str, float]]:
+        """The accepted updates, those pointing unlike the round's others
+        (:func:`dept_strategy.direction.screen_directions`) clipped or dropped; and each
+        source's cosine with the others' mean."""
+        factor = self.settings.defences.direction_factor
+        if theta is None or factor <= 0:
+            return accepted, {}
+        ordered = _by_source(accepted)
+        scales = np.array([a.spooled.scale for a in ordered])
+        weights = np.array([a.spooled.weight for a in ordered]) * scales
+        cosines, flagged = screen_directions(
+            theta.dot * np.outer(scales, scales), weights, factor=factor
+        )
+        by_source = {a.target.source: float(c) for a, c in zip(ordered, cosines, strict=True)}
+        kept = desk.screened(ordered, flagged, self.settings.defences.outlier_action)
+        if len(kept) < len(ordered):  # a dropped reply: the Gram's rows are the kept ones
+            held = [i for i, a in enumerate(ordered) if any(k is a for k in kept)]
+            theta.dot, theta.sq = theta.dot[np.ix_(held, held)], theta.sq[np.ix_(held, held)]
+        return kept, by_source
+
     def _diagnose(
-        self, server_round: int, accepted: list[Arrival], shapes: dict[str, tuple[int, ...]]
+        self,
+        server_round: int,
+        accepted: list[Arrival],
+        shapes: dict[str, tuple[int, ...]],
+        theta: Gram | None,
+        cosines: dict[str, float],
     ) -> None:
-        """The accepted updates' norms and, if on, their interference, read from the spool
-        (:mod:`dept_strategy.diagnostics`) into the round's record."""
+        """The accepted updates' norms and, if on, their interference (θ's from ``theta``,
+        the rest read from the spool, :mod:`dept_strategy.diagnostics`) and each source's
+        cosine with the others' mean (``cosines``, the direction check's) into the round's
+        record."""
         start = time.perf_counter()
-        ordered = sorted(accepted, key=lambda a: a.target.source)  # rows alike every round
+        ordered = _by_source(accepted)  # rows alike every round
         found = round_diagnostics(
             [a.target.source for a in ordered],
             [a.spooled for a in ordered],
             shapes,
             self.embedding_names,
             interference=self.settings.interference,
+            theta=theta,
         )
+        if cosines and "interference" in found:
+            found["interference"]["theta_leave_one_out"] = cosines
         self.history.record_diagnostics(server_round, found, time.perf_counter() - start)
 
     def _spool(self, server_round: int) -> Path:
@@ -153,6 +200,10 @@ class RoundCombining:
             previous=self.reference,
         )
         return desk.screened(arrivals, flagged, rules.outlier_action)
+
+
+def _by_source(arrivals: list[Arrival]) -> list[Arrival]:
+    return sorted(arrivals, key=lambda a: a.target.source)
 
 
 def _largest(tensor: torch.Tensor) -> float:

@@ -195,6 +195,7 @@ def _build_strategy(cfg: DeptConfig, run_id: str, *, simulation: bool) -> DeptSt
         outlier_action=cfg.outlier_action,
         trim_fraction=cfg.trim_fraction,
         update_norm_factor=cfg.update_norm_factor,
+        direction_factor=cfg.direction_factor,
         reach=functools.partial(max_span_update, cfg),
     )
     pins = cfg.source_keys_file

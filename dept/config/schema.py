@@ -165,6 +165,22 @@ class DeptConfig:
         "median (the previous round's median votes too) is too large; 0 (off) or > 1; one "
         "beyond what the round's AdamW steps can move a weight is too large regardless",
     )
+    direction_factor: float = doc(
+        3.0,
+        "an update whose cosine with the mean of the round's other updates (θ) is more than "
+        "this many robust deviations from the round's median cosine points the wrong way "
+        "(reversed, sign-flipped, colluding); outlier-action applies; needs 3 updates; 0: off",
+    )
+    dp_noise_multiplier: float = doc(
+        0.0,
+        "central differential privacy on the shared update: each source's update (θ, and "
+        "glob's φ) clipped to dp-clip-norm, Gaussian noise of this many times dp-clip-norm "
+        "added to their sum, each source counted once; ε in metrics.jsonl; 0: off",
+    )
+    dp_clip_norm: float = doc(
+        1.0, "with dp-noise-multiplier: the L2 norm each source's update is clipped to; > 0"
+    )
+    dp_delta: float = doc(1e-5, "with dp-noise-multiplier: the δ that ε is accounted at; in (0, 1)")
     fraction_train: float = doc(
         1.0, "share of the sources sampled (uniformly) to train each round; in (0, 1]"
     )
@@ -312,6 +328,10 @@ class DeptConfig:
             "must be 0 (off) or > 1: a reply is refused beyond this many times the round's "
             "median size",
         )
+        _check("direction_factor", self.direction_factor >= 0, "must be >= 0 (0: off)")
+        _check("dp_noise_multiplier", self.dp_noise_multiplier >= 0, "must be >= 0 (0: off)")
+        _check("dp_clip_norm", self.dp_clip_norm > 0, "must be > 0")
+        _check("dp_delta", 0 < self.dp_delta < 1, "must be in (0, 1)")
         _check("topk_density", 0 < self.topk_density <= 1, "must be in (0, 1]")
         _check("fragments", self.fragments >= 1, "must be >= 1")
         _check(
