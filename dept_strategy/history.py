@@ -71,6 +71,7 @@ class RoundRecord:
     update_norms: dict[str, dict[str, float]] = field(default_factory=dict)
     interference: dict[str, Any] = field(default_factory=dict)  # cosines of pairs of updates
     diagnostics_s: float = 0.0  # server seconds the two took
+    privacy: dict[str, float] = field(default_factory=dict)  # central DP: ε so far, clipped
     bytes_up: int = 0
     bytes_down: int = 0
     wall_s: float = 0.0  # since the run started, when the round ended
@@ -183,6 +184,11 @@ class RunHistory:
         record.update_norms = found["update_norms"]
         record.interference = found.get("interference", {})
         record.diagnostics_s = seconds
+
+    def privacy(self) -> dict[str, float]:
+        """The newest round's central DP figures (ε so far); empty where DP is off."""
+        released = [r.privacy for _, r in sorted(self.rounds.items()) if r.privacy]
+        return released[-1] if released else {}
 
     def drift(self, server_round: int) -> dict[str, dict[str, float]]:
         """Per source that reported its local model's score (``drift-eval``): bits per byte
@@ -324,6 +330,7 @@ class RunHistory:
             "bytes_up": record.bytes_up,
             "bytes_down": record.bytes_down,
             **({"drift": drift} if drift else {}),
+            **({"privacy": record.privacy} if record.privacy else {}),
         }
 
 

@@ -15,6 +15,7 @@ import math
 import tempfile
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -22,7 +23,7 @@ import torch
 from flwr.app import Message
 
 from dept_strategy.aggregate import RunningMean, combine
-from dept_strategy.diagnostics import Gram, gram, round_diagnostics, theta_and_phi
+from dept_strategy.diagnostics import Gram, gram, round_diagnostics, theta_and_phi, update_norms
 from dept_strategy.direction import screen_directions
 from dept_strategy.fragments import FragmentBook
 from dept_strategy.history import RunHistory
@@ -31,7 +32,7 @@ from dept_strategy.outer import OuterOptimizer
 from dept_strategy.replies import Arrival, Intake, ReplyDesk
 from dept_strategy.screening import UpdateStats, screen
 from dept_strategy.settings import StrategySettings
-from dept_strategy.spool import RoundSpool
+from dept_strategy.spool import RoundSpool, Spooled
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +64,7 @@ class RoundCombining:
             if self.settings.defences.reach
             else 0.0
         )
+        sampled = len(self.in_flight.sources())  # fixed before any reply: central DP's n
         with RoundSpool(self._spool(server_round)) as spool:
             running = (
                 RunningMean(shapes, self.embedding_names, self.in_flight.sources())
@@ -97,16 +99,50 @@ class RoundCombining:
             # In source order, not arrival order: the float32 mean rounds by order, and a
             # deployment's arrival order is not the same twice (a resumed run must match);
             # the running mean was folded in that order as far as arrivals allowed.
+            combined = [a.spooled for a in _by_source(accepted)]
+            privacy = self.settings.privacy
+            if privacy.on and running is not None:  # the settings allow DP with the mean only
+                combined = self._clipped_for_privacy(server_round, combined, sampled)
+                running.refold(combined)
             delta, frozen_rows = combine(
-                [a.spooled for a in sorted(accepted, key=lambda a: a.target.source)],
+                combined,
                 shapes,
                 self.embedding_names,
                 running,
                 rule=rule,
                 trim_fraction=self.settings.defences.trim_fraction,
             )
+        if privacy.on:
+            privacy.add_noise(delta, sampled)
         self.outer.step(delta, frozen_rows)
         return accepted
+
+    def _clipped_for_privacy(
+        self, server_round: int, replies: list[Spooled], sampled: int
+    ) -> list[Spooled]:
+        """``replies`` as central DP combines them (:mod:`dept_strategy.privacy`): one
+        weight each, each clipped to ``dp-clip-norm``, their mean rescaled to a sum over the
+        ``sampled`` sources; the round's ε recorded."""
+        privacy = self.settings.privacy
+        factors = []
+        for reply in replies:
+            norms = update_norms(reply, self.embedding_names)
+            factors.append(privacy.clip_factor(math.sqrt(sum(v * v for v in norms.values()))))
+        released = sum(1 for r in self.history.rounds.values() if r.privacy) + 1
+        self.history.at(server_round).privacy = {
+            "epsilon": privacy.epsilon(released),
+            "delta": privacy.delta,
+            "noise_multiplier": privacy.noise_multiplier,
+            "clip_norm": privacy.clip_norm,
+            "released_rounds": released,
+            "sampled": sampled,
+            "clipped": sum(1 for f in factors if f < 1),
+        }
+        share = len(replies) / sampled  # the mean of len(replies) made a sum over ``sampled``
+        return [
+            replace(r, weight=1.0, scale=r.scale * f * share)
+            for r, f in zip(replies, factors, strict=True)
+        ]
 
     def _theta_gram(
         self, accepted: list[Arrival], shapes: dict[str, tuple[int, ...]]

@@ -11,8 +11,9 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dept.config import COMPRESSIONS
+from dept.config import COMPRESSIONS, privacy_conflict
 from dept.wire.compression import TOPK_DENSITY
+from dept_strategy.privacy import CentralPrivacy
 from dept_strategy.screening import Defences
 
 
@@ -39,6 +40,7 @@ class StrategySettings:
     topk_density: float = TOPK_DENSITY  # (topk-density)
     spool_dir: Path | None = None  # where a round's replies wait (default: a temporary folder)
     defences: Defences = field(default_factory=Defences)  # how replies are screened, combined
+    privacy: CentralPrivacy = field(default_factory=CentralPrivacy)  # central DP, off by default
     pinned: dict[str, bytes] | None = None  # source -> the node key that may serve it
     interference: bool = True  # (interference): cosines between every pair of updates
     fragments: int = 1  # (fragments): > 1 syncs the body by that many fragments
@@ -62,3 +64,7 @@ class StrategySettings:
             raise ValueError(f"compression must be one of {COMPRESSIONS}, got {self.compression!r}")
         if not 0 < self.topk_density <= 1:
             raise ValueError(f"topk_density must be in (0, 1], got {self.topk_density}")
+        if self.privacy.on:
+            why = privacy_conflict(self.defences.aggregation, self.trim, self.fragments)
+            if why:
+                raise ValueError(f"central differential privacy: {why}")

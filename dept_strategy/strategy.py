@@ -192,6 +192,18 @@ class DeptStrategy(RoundCombining, Strategy):
             if self.directory.pinned
             else "",
         )
+        privacy = self.settings.privacy
+        if privacy.on:
+            log.info(
+                "central differential privacy: each source's update clipped to L2 norm %g, "
+                "noise %g x that on the sum; ε after all %d rounds: %.3g at δ %g (a source "
+                "is the privacy unit)",
+                privacy.clip_norm,
+                privacy.noise_multiplier,
+                self.settings.num_rounds,
+                privacy.epsilon(self.settings.num_rounds),
+                privacy.delta,
+            )
 
     def wait_for_sources(self, grid: Grid) -> dict[str, int]:
         """``{source: node}`` once enough nodes are there, bounded by ``wait-for-nodes-s``;

@@ -35,6 +35,7 @@ from dept.train.local import max_span_update
 from dept.train.sharing import initial_tensors, shared_vocab_size
 from dept_strategy.identity import load_source_keys
 from dept_strategy.outer import OuterOptimizer
+from dept_strategy.privacy import CentralPrivacy
 from dept_strategy.screening import Defences
 from dept_strategy.settings import StrategySettings
 from dept_strategy.strategy import DeptStrategy
@@ -218,6 +219,7 @@ def _build_strategy(cfg: DeptConfig, run_id: str, *, simulation: bool) -> DeptSt
         topk_density=cfg.topk_density,
         spool_dir=resolve_path(cfg.output_dir) / SPOOL_DIR,
         defences=defences,
+        privacy=CentralPrivacy(cfg.dp_noise_multiplier, cfg.dp_clip_norm, cfg.dp_delta),
         pinned=load_source_keys(resolve_path(pins)) if pins else None,
         interference=cfg.interference,
         fragments=cfg.fragments,

@@ -116,13 +116,16 @@ class RunReport:
         else:
             mean = sum(rows.values()) / len(rows) if rows else math.nan
         per_source = ", ".join(f"{s} {v:.3f}" for s, v in rows.items()) or f"no {what}"
+        privacy = line.get("privacy")
+        spent = f"; ε {privacy['epsilon']:.3g} (δ {privacy['delta']:g})" if privacy else ""
         log.info(
-            "round %d/%d done: avg %s %.4f [%s]; %.0f s elapsed, ETA %s",
+            "round %d/%d done: avg %s %.4f [%s]%s; %.0f s elapsed, ETA %s",
             server_round,
             total,
             what,
             mean,
             per_source,
+            spent,
             wall_s,
             eta,
         )
@@ -257,6 +260,7 @@ def build_summary(history: RunHistory, cfg: DeptConfig, wall_s: float) -> dict[s
         "failed_replies": sum(len(r.failed) for r in history.rounds.values()),
         "unserved_nodes": history.unserved_nodes(),
         "problems": history.problems(),
+        **({"privacy": history.privacy()} if history.privacy() else {}),
         "diagnostics": diagnostics_summary(history),
         "wall_s": round(wall_s, 2),
     }

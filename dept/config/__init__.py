@@ -29,7 +29,7 @@ from dept.config.names import (
     kebab,
     snake,
 )
-from dept.config.schema import DeptConfig, check_device_name
+from dept.config.schema import DeptConfig, check_device_name, privacy_conflict
 
 __all__ = [
     "AGGREGATIONS",
@@ -50,6 +50,7 @@ __all__ = [
     "config_keys",
     "kebab",
     "load_config",
+    "privacy_conflict",
     "snake",
     "to_run_config",
 ]

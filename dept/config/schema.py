@@ -332,6 +332,10 @@ class DeptConfig:
         _check("dp_noise_multiplier", self.dp_noise_multiplier >= 0, "must be >= 0 (0: off)")
         _check("dp_clip_norm", self.dp_clip_norm > 0, "must be > 0")
         _check("dp_delta", 0 < self.dp_delta < 1, "must be in (0, 1)")
+        conflict = privacy_conflict(
+            self.aggregation, VARIANTS[self.variant].embeddings == "rows", self.fragments
+        )
+        _check("dp_noise_multiplier", self.dp_noise_multiplier == 0 or not conflict, conflict)
         _check("topk_density", 0 < self.topk_density <= 1, "must be in (0, 1]")
         _check("fragments", self.fragments >= 1, "must be >= 1")
         _check(
@@ -408,3 +412,24 @@ def _check_installed(name: str, used: bool, package: str) -> None:
             f"config key '{kebab(name)}' needs the {package} package: "
             f'pip install -e ".[{package}]"'
         )
+
+
+def privacy_conflict(aggregation: str, trim: bool, fragments: int) -> str:
+    """Why central DP (dp-noise-multiplier) cannot hold its ε with these settings; ""
+    where it can (:mod:`dept_strategy.privacy`)."""
+    if aggregation != "mean":
+        return (
+            f"aggregation {aggregation!r} ranks values across sources, so one source's "
+            "effect on the result is not bounded by its clipped norm; use aggregation='mean'"
+        )
+    if trim:
+        return (
+            "trim averages each φ row over the sources that hold it, so a source alone on a "
+            "row sets it whatever the clipping; use glob, spec or spec-opt"
+        )
+    if fragments > 1:
+        return (
+            "with fragments > 1 each round releases a different part of the body, which "
+            "this accountant does not model; use fragments=1"
+        )
+    return ""
