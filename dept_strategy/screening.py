@@ -49,7 +49,7 @@ class Defences:
     trim_fraction: float = 0.2  # trimmed-mean: share dropped at each end (trim-fraction)
     update_norm_factor: float = 10.0  # k of the relative check, 0 off (update-norm-factor)
     # robust deviations of the leave-one-out cosine, 0 off (direction-factor)
-    direction_factor: float = 3.0
+    direction_factor: float = 4.0
     # the most the training of these rounds can move a weight no larger than this;
     # None: not checked (dept.train.local.max_span_update, bound to the run config)
     reach: Callable[[range, float], float] | None = None

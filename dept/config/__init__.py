@@ -7,6 +7,7 @@ spelling, the choices), :mod:`.schema` the keys with their defaults, docs and ch
 :mod:`dept.model` (the tables its choices come from), nothing else of the core.
 """
 
+from dept.config.checks import check_device_name, privacy_conflict
 from dept.config.load import (
     ConfigKey,
     YamlLoader,
@@ -29,7 +30,7 @@ from dept.config.names import (
     kebab,
     snake,
 )
-from dept.config.schema import DeptConfig, check_device_name, privacy_conflict
+from dept.config.schema import DeptConfig
 
 __all__ = [
     "AGGREGATIONS",

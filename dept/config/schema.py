@@ -1,17 +1,14 @@
 """The run configuration's schema: every key with its default, its one-line doc (which
-``dept run --help`` and the configuration reference show, :func:`dept.config.config_keys`) and
-the checks across keys that no type can say."""
+``dept run --help`` and the configuration reference show, :func:`dept.config.config_keys`);
+the checks across keys that no type can say are in :mod:`dept.config.checks`."""
 
 # ruff: noqa: RUF009  (the schema's defaults are doc() calls: each returns a dataclasses.field)
 from __future__ import annotations
 
-import importlib.util
-import math
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
+from dept.config.checks import check_values
 from dept.config.names import (
-    DEVICE_PATTERN,
-    MAX_VOCAB_SIZE,
     AggregationName,
     CompressionName,
     ConfigError,
@@ -19,7 +16,6 @@ from dept.config.names import (
     InnerName,
     OutlierAction,
     doc,
-    kebab,
 )
 from dept.model.outer_optimizers import OUTER_OPTIMIZERS, OuterName
 from dept.model.variants import VARIANTS, VariantName
@@ -166,7 +162,7 @@ class DeptConfig:
         "beyond what the round's AdamW steps can move a weight is too large regardless",
     )
     direction_factor: float = doc(
-        3.0,
+        4.0,
         "an update whose cosine with the mean of the round's other updates (θ) is more than "
         "this many robust deviations from the round's median cosine points the wrong way "
         "(reversed, sign-flipped, colluding); outlier-action applies; needs 3 updates; 0: off",
@@ -278,89 +274,7 @@ class DeptConfig:
 
     def __post_init__(self) -> None:
         self._check_model()
-        for name in (
-            "num_server_rounds",
-            "local_steps",
-            "seq_len",
-            "batch_size",
-            "grad_accum_steps",
-            "eval_batch_size",
-            "min_train_replies",
-        ):
-            _check(name, getattr(self, name) >= 1, "must be >= 1")
-        for name in (
-            "warmup_steps",
-            "act_period",
-            "min_available_nodes",
-            "eval_bytes",
-            "min_train_nodes",
-            "seed",
-        ):
-            _check(name, getattr(self, name) >= 0, "must be >= 0")
-        for f in fields(self):
-            value = getattr(self, f.name)
-            _check(f.name, not isinstance(value, float) or math.isfinite(value), "must be finite")
-        outer = OUTER_OPTIMIZERS[self.outer_optimizer]
-        _check(
-            "outer_momentum",
-            not outer.uses_momentum or self.outer_momentum > 0,
-            f"must be > 0 with outer-optimizer {self.outer_optimizer!r}",
-        )
-        _check("lr", self.lr > 0, "must be > 0")
-        check_device_name(self.device)
-        _check("outer_lr", self.outer_lr > 0, "must be > 0")
-        _check("outer_momentum", 0 <= self.outer_momentum < 1, "must be in [0, 1)")
-        _check("min_lr_ratio", 0 <= self.min_lr_ratio <= 1, "must be in [0, 1]")
-        _check("weight_decay", self.weight_decay >= 0, "must be >= 0")
-        _check("round_time_s", self.round_time_s >= 0, "must be >= 0 seconds (0: off)")
-        _check("step_delay_s", self.step_delay_s >= 0, "must be >= 0 seconds")
-        _check(
-            "max_local_steps",
-            self.max_local_steps == 0 or self.max_local_steps >= self.local_steps,
-            f"({self.max_local_steps}) must be 0 (local-steps) or >= local-steps "
-            f"({self.local_steps}): a round without a budget trains local-steps",
-        )
-        _check("grad_clip", self.grad_clip >= 0, "must be >= 0 (0 disables clipping)")
-        _check("trim_fraction", 0 < self.trim_fraction < 0.5, "must be in (0, 0.5)")
-        _check(
-            "update_norm_factor",
-            self.update_norm_factor == 0 or self.update_norm_factor > 1,
-            "must be 0 (off) or > 1: a reply is refused beyond this many times the round's "
-            "median size",
-        )
-        _check("direction_factor", self.direction_factor >= 0, "must be >= 0 (0: off)")
-        _check("dp_noise_multiplier", self.dp_noise_multiplier >= 0, "must be >= 0 (0: off)")
-        _check("dp_clip_norm", self.dp_clip_norm > 0, "must be > 0")
-        _check("dp_delta", 0 < self.dp_delta < 1, "must be in (0, 1)")
-        conflict = privacy_conflict(
-            self.aggregation, VARIANTS[self.variant].embeddings == "rows", self.fragments
-        )
-        _check("dp_noise_multiplier", self.dp_noise_multiplier == 0 or not conflict, conflict)
-        _check("topk_density", 0 < self.topk_density <= 1, "must be in (0, 1]")
-        _check("fragments", self.fragments >= 1, "must be >= 1")
-        _check(
-            "fragment_period",
-            1 <= self.fragment_period <= self.fragments,
-            "must be in 1..fragments (every round syncs at least one fragment)",
-        )
-        _check("fraction_train", 0 < self.fraction_train <= 1, "must be in (0, 1]")
-        _check("fraction_evaluate", 0 <= self.fraction_evaluate <= 1, "must be in [0, 1]")
-        _check("wait_for_nodes_s", self.wait_for_nodes_s > 0, "must be > 0")
-        _check("round_timeout_s", self.round_timeout_s > 0, "must be > 0")
-        _check(
-            "global_vocab_size",
-            300 <= self.global_vocab_size <= MAX_VOCAB_SIZE,
-            f"must be in [300, {MAX_VOCAB_SIZE:,}]",
-        )
-        _check(
-            "outer_lr",
-            self.outer_lr <= outer.lr_cap,
-            f"({self.outer_lr:g}) must be <= {outer.lr_cap:g} with outer-optimizer "
-            f"{self.outer_optimizer!r}: {outer.why_cap}",
-        )
-        _check("output_dir", bool(self.output_dir.strip()), "must not be empty")
-        _check_installed("tensorboard", self.tensorboard, "tensorboard")
-        _check_installed("wandb_project", bool(self.wandb_project), "wandb")
+        check_values(self)
 
     def _check_model(self) -> None:
         from dept.model.families import build_config  # late import: model pulls in torch
@@ -391,45 +305,3 @@ class DeptConfig:
         """The warmup the schedule uses: ``warmup-steps``, clamped so that a run shorter than
         it still reaches its peak learning rate (a 2-step run warms up 1 step)."""
         return min(self.warmup_steps, self.total_steps - 1)
-
-
-def check_device_name(name: str, where: str = "config key 'device'") -> str:
-    """``name`` if it names a device this project knows; a :class:`ConfigError` if not."""
-    if not DEVICE_PATTERN.fullmatch(name):
-        raise ConfigError(f"{where} is {name!r}: use auto, cpu, cuda, cuda:N or mps")
-    return name
-
-
-def _check(name: str, ok: bool, why: str, where: str = "config") -> None:
-    if not ok:
-        raise ConfigError(f"{where} key '{kebab(name)}' {why}")
-
-
-def _check_installed(name: str, used: bool, package: str) -> None:
-    """A tracker whose package is missing fails now, not at the end of the first round."""
-    if used and importlib.util.find_spec(package) is None:
-        raise ConfigError(
-            f"config key '{kebab(name)}' needs the {package} package: "
-            f'pip install -e ".[{package}]"'
-        )
-
-
-def privacy_conflict(aggregation: str, trim: bool, fragments: int) -> str:
-    """Why central DP (dp-noise-multiplier) cannot hold its ε with these settings; ""
-    where it can (:mod:`dept_strategy.privacy`)."""
-    if aggregation != "mean":
-        return (
-            f"aggregation {aggregation!r} ranks values across sources, so one source's "
-            "effect on the result is not bounded by its clipped norm; use aggregation='mean'"
-        )
-    if trim:
-        return (
-            "trim averages each φ row over the sources that hold it, so a source alone on a "
-            "row sets it whatever the clipping; use glob, spec or spec-opt"
-        )
-    if fragments > 1:
-        return (
-            "with fragments > 1 each round releases a different part of the body, which "
-            "this accountant does not model; use fragments=1"
-        )
-    return ""

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from dept.wire import keys
-from dept_strategy.direction import leave_one_out_cosines, screen_directions
+from dept_strategy.direction import MIN_SPREAD, leave_one_out_cosines, screen_directions
 from dept_strategy.screening import Defences
 from tests.dept_strategy.mock_replies import BODY, mock_strategy, train_reply
 
@@ -77,7 +77,7 @@ def test_a_flagged_update_is_scaled_by_the_deviation_allowed_over_its_own() -> N
     updates[6] *= -1
     cosines, flagged = _screen(updates)
     median = np.median(cosines)
-    spread = max(1.4826 * np.median(np.abs(cosines - median)), 0.02)
+    spread = max(1.4826 * np.median(np.abs(cosines - median)), MIN_SPREAD)
     assert flagged[6].shrink == pytest.approx(3 * spread / abs(cosines[6] - median))
 
 
