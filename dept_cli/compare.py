@@ -63,6 +63,7 @@ from dept_cli.comparison_report import best_per_method, size_range, write_report
 from dept_cli.in_process import federate_in_process
 from dept_cli.methods import BASELINES, FEDERATED, METHODS
 from dept_cli.run_logs import run_logging
+from dept_cli.seeds import pool_seeds
 from dept_cli.text_budget import BUDGETS
 from server_app.report import dumps
 
@@ -123,6 +124,7 @@ def run_plan(plan: Plan) -> dict[str, Any]:
             result = {"error": f"{type(exc).__name__}: {exc}".splitlines()[0][:300]}
             traceback.print_exc(file=(out / "error.txt").open("w"))
     result.update(method=plan.method, lr=plan.lr, wall_s=time.perf_counter() - started)
+    result.update(seed=plan.run_config["seed"])
     result.update(rounds=plan.run_config["num-server-rounds"])
     if "tokens" in result and math.isfinite(plan.bytes_per_token):
         result["text_bytes"] = round(result["tokens"] * plan.bytes_per_token)
@@ -200,7 +202,8 @@ def main(argv: list[str] | None = None) -> int:
     tokens = base.num_server_rounds * len(specs) * base.local_steps * base.batch_size
     own = size_range(s.vocab_size for s in specs)
     print(
-        f"{len(args.methods)} methods x {len(args.lrs)} learning rates on {len(specs)} sources, "
+        f"{len(args.methods)} methods x {len(args.lrs)} learning rates x {args.seeds} seed(s) "
+        f"on {len(specs)} sources, "
         f"model {base.model}: {base.num_server_rounds} rounds x {base.local_steps} local steps, "
         f"{tokens * base.seq_len:,} training tokens per run, {args.jobs} jobs; vocabularies: "
         f"global {base.global_vocab_size}, SPEC-OPT's own {own}",
@@ -212,8 +215,10 @@ def main(argv: list[str] | None = None) -> int:
         rounds = {p.method: p.run_config["num-server-rounds"] for p in plans}
         print(f"byte budget: rounds {rounds}", flush=True)
     results = run_all(plans, args.jobs)
-    best = best_per_method(results)
-    write_report(out, base, results, best, time.perf_counter() - started, args.budget)
+    pooled = pool_seeds(results)
+    best = best_per_method(pooled)
+    wall_s = time.perf_counter() - started
+    write_report(out, base, pooled, best, wall_s, args.budget, runs=results)
     print(f"wrote {out / 'comparison.md'}, comparison.json and comparison.png", flush=True)
     return 0
 
@@ -226,6 +231,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.error(f"unknown method(s) {', '.join(unknown)}; known: {', '.join(METHODS)}")
     if args.jobs < 1:
         parser.error("--jobs must be >= 1")
+    if args.seeds < 1:
+        parser.error("--seeds must be >= 1")
     return args
 
 
@@ -288,6 +295,13 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=min(2, os.cpu_count() or 1),
         help="runs at once (the CPU threads are split between them)",
+    )
+    parser.add_argument(
+        "--seeds",
+        type=int,
+        default=1,
+        help="runs of each method and rate, with seeds --seed, --seed + 1, ...; the tables "
+        "give the mean and the standard deviation of the average over them",
     )
     parser.add_argument("--seed", type=int, default=0, help="the same seed for every run")
     parser.add_argument(

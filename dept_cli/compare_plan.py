@@ -9,6 +9,7 @@ into rounds).
 from __future__ import annotations
 
 import argparse
+import itertools
 import logging
 import math
 import os
@@ -23,6 +24,7 @@ from dept.data.sources import SourceSpec, load_sources, run_sources, write_sourc
 from dept.model.variants import VARIANTS
 from dept.paths import resolve_path
 from dept_cli.methods import vocab_sizes
+from dept_cli.seeds import run_folder
 from dept_cli.text_budget import TextRates, stream_bytes_per_token
 
 log = logging.getLogger(__name__)
@@ -75,7 +77,10 @@ class Plan:
 
     @property
     def label(self) -> str:
-        return f"{self.method} lr {self.lr:g}"
+        """``spec-opt lr 0.004``, and ``seed 1`` where the run is a further seed's."""
+        seed = self.run_config.get("seed")
+        further = self.out_dir.endswith(f"-seed{seed}")
+        return f"{self.method} lr {self.lr:g}" + (f" seed {seed}" if further else "")
 
 
 def rounds_for(tokens: float, sources: int, local_steps: int, batch_size: int, seq_len: int) -> int:
@@ -136,7 +141,8 @@ def make_plans(
     rates: TextRates | None = None,
     budget: str = "tokens",
 ) -> list[Plan]:
-    """Every method at every rate (``args.methods``, ``args.lrs``), the CPU threads shared
+    """Every method at every rate (``args.methods``, ``args.lrs``) under each of
+    ``args.seeds`` seeds from the base config's (:mod:`dept_cli.seeds`), the CPU threads shared
     equally between the ``args.jobs``; with ``rates``, each run knows its bytes of text per
     token, and ``budget`` bytes sets its rounds from them (:class:`TextRates`)."""
     threads = max(1, (os.cpu_count() or 1) // args.jobs)
@@ -144,14 +150,15 @@ def make_plans(
     if budget == "bytes" and rates is None:
         raise ValueError("--budget bytes needs the measured text rates (prepare)")
     per_round = len(specs) * base.local_steps * base.batch_size * base.seq_len
+    seeds = range(base.seed, base.seed + args.seeds)
     plans = []
     for method in args.methods:
         rounds = base.num_server_rounds
         if rates is not None and budget == "bytes":
             rounds = rates.rounds(method, base.num_server_rounds, per_round)
-        for lr in args.lrs:
-            run_dir = out / "runs" / f"{method}-lr{lr:g}"
-            config = {**to_run_config(base), "lr": lr, "output-dir": str(run_dir)}
+        for lr, seed in itertools.product(args.lrs, seeds):
+            run_dir = out / "runs" / run_folder(method, lr, seed, base.seed)
+            config = {**to_run_config(base), "lr": lr, "output-dir": str(run_dir), "seed": seed}
             config["num-server-rounds"] = rounds
             if method in VARIANTS:  # a baseline reads no variant
                 config["variant"] = method

@@ -19,6 +19,7 @@ from dept_cli.methods import BASELINES, FEDERATED, own_tokenizer, title
 from server_app.report import dumps
 
 STD_METHODS = tuple(m for m, b in BASELINES.items() if not b.forgets)  # the reference runs
+SPREAD = "avg_bpb_sd"  # a result pooled over seeds (dept_cli.seeds): the average's sd
 
 
 def average_bpb(result: dict[str, Any]) -> float:
@@ -48,7 +49,10 @@ def write_report(
     best: dict[str, dict[str, Any]],
     wall_s: float,
     budget: str = "tokens",
+    runs: list[dict[str, Any]] | None = None,
 ) -> None:
+    """``results``: one per method and rate (pooled over seeds); ``runs``: every seed's run,
+    kept in comparison.json where several seeds ran."""
     methods = list(best)
     (out / "comparison.json").write_text(
         dumps(
@@ -58,6 +62,7 @@ def write_report(
                 "budget": budget,
                 "methods": {m: best[m] for m in methods},
                 "sweep": results,
+                **({"runs": runs} if runs and len(runs) > len(results) else {}),
             },
             indent=2,
         )
@@ -83,7 +88,7 @@ def render_markdown(
         f"Model `{cfg.model}`, {len(sources)} sources, {cfg.num_server_rounds} rounds x "
         f"{cfg.local_steps} local steps (batch {cfg.batch_size} x {cfg.seq_len} tokens per "
         f"source), {tokens:,} training tokens per run, {_budget_note(budget)}, "
-        f"seed {cfg.seed}, outer optimizer "
+        f"{_seeds_note(results, cfg.seed)}, outer optimizer "
         f"`{cfg.outer_optimizer}` (lr {cfg.outer_lr:g}), validation: the first "
         f"{cfg.eval_bytes:,} bytes of each source's validation text. Every method ran at "
         f"learning rates {', '.join(f'{lr:g}' for lr in lrs)}; each column is its best "
@@ -98,8 +103,19 @@ def render_markdown(
         _table(
             ["source", *(title(m) for m in methods)],
             [
-                [name, *_bold_min([_source_bpb(best[m], name) for m in methods])]
-                for name in [*sources, "**average**"]
+                *(
+                    [name, *_bold_min([_source_bpb(best[m], name) for m in methods])]
+                    for name in sources
+                ),
+                [
+                    "**average**",
+                    *(
+                        cell + _spread(best[m])
+                        for cell, m in zip(
+                            _bold_min([average_bpb(best[m]) for m in methods]), methods, strict=True
+                        )
+                    ),
+                ],
             ],
         ),
         "",
@@ -167,6 +183,16 @@ def _cost_rows(best: dict[str, dict[str, Any]], methods: list[str]) -> list[list
     ]
 
 
+def _seeds_note(results: list[dict[str, Any]], seed: int) -> str:
+    counts = {len(r.get("seeds") or [None]) for r in results}
+    if counts == {1}:
+        return f"seed {seed}"
+    return (
+        f"seeds {seed} to {seed + max(counts) - 1} per method and rate (bits per byte: the "
+        "mean over seeds; ± the standard deviation of the average)"
+    )
+
+
 def _budget_note(budget: str) -> str:
     if budget == "bytes":
         return "budget: the same bytes of text per method (rounds below; SPEC-OPT fewer)"
@@ -223,8 +249,14 @@ def _num(value: float) -> str:
 def _sweep_cell(results: list[dict[str, Any]], method: str, lr: float) -> str:
     for r in results:
         if r["method"] == method and r["lr"] == lr:
-            return f"crashed: {r['error']}" if "error" in r else _num(average_bpb(r))
+            return f"crashed: {r['error']}" if "error" in r else _num(average_bpb(r)) + _spread(r)
     return ""
+
+
+def _spread(result: dict[str, Any]) -> str:
+    """ " ± sd (n seeds)" for a result pooled over seeds, else nothing."""
+    spread = result.get(SPREAD)
+    return "" if spread is None else f" ± {spread:.4f} ({len(result['seeds'])} seeds)"
 
 
 def _bytes(count: float) -> str:

@@ -145,7 +145,7 @@ def _plans(
             **cell.overrides(args.tokens, sources, args.batch_size, args.seq_len),
         }
     )
-    plan_args = argparse.Namespace(methods=args.methods, lrs=lrs, jobs=args.jobs)
+    plan_args = argparse.Namespace(methods=args.methods, lrs=lrs, jobs=args.jobs, seeds=1)
     return make_plans(plan_args, cell_config, out / cell.name)
 
 

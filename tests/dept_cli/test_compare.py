@@ -144,7 +144,7 @@ def test_help_shows_every_default_and_how_the_budget_becomes_rounds() -> None:
     text = compare.build_parser().format_help()
 
     options = re.findall(r"^  (--[a-z-]+)(.*?)(?=^  -|^\S|\Z)", text, re.M | re.S)
-    assert len(options) == 20
+    assert len(options) == 21
     no_default = [
         name for name, help_text in options if "(default: " not in " ".join(help_text.split())
     ]
