@@ -1,0 +1,1 @@
+"""Corpus sets built from what package registries ship (``python -m benchmarks.corpora``)."""
