@@ -24,7 +24,7 @@ source holds no such row) and M the (n, r) mask of rows held:
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -40,6 +40,7 @@ class Gram:
 
     dot: np.ndarray  # (n, n) ⟨Δ_a, Δ_b⟩ over the rows both hold
     sq: np.ndarray  # (n, n) |Δ_a|² over the rows b holds as well
+    by_tensor: dict[str, np.ndarray] = field(default_factory=dict)  # each tensor's own dot
 
     @classmethod
     def zeros(cls, n: int) -> Gram:
@@ -54,7 +55,8 @@ class Gram:
 
 
 def gram(replies: list[Spooled], names: list[str], shapes: dict[str, tuple[int, ...]]) -> Gram:
-    """The Gram sums of ``replies`` over the tensors ``names`` (unscaled, as sent)."""
+    """The Gram sums of ``replies`` over the tensors ``names`` (unscaled, as sent), and
+    each tensor's dot products apart (the direction check weighs tensors alike)."""
     n = len(replies)
     out = Gram.zeros(n)
     for name in names:
@@ -62,8 +64,12 @@ def gram(replies: list[Spooled], names: list[str], shapes: dict[str, tuple[int, 
         num_rows = shape[0] if shape else 1
         cols = math.prod(shape[1:]) if shape else 1
         step = max(1, CHUNK_VALUES // max(1, n * cols))
+        part = Gram.zeros(n)
         for start in range(0, num_rows, step):
-            _add_block(out, replies, name, start, min(num_rows, start + step), cols)
+            _add_block(part, replies, name, start, min(num_rows, start + step), cols)
+        out.dot += part.dot
+        out.sq += part.sq
+        out.by_tensor[name] = part.dot
     return out
 
 

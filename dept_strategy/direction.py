@@ -1,50 +1,48 @@
-"""Which of a round's updates point unlike the others: the check an update of honest size
+"""Which of a round's updates point against the others: the check an update of honest size
 but the wrong direction (reversed, sign-flipped, colluding) cannot pass by its size.
 
-For every accepted update a, its cosine with the weighted mean of the round's other
-updates (leave-one-out), over θ, from the round's Gram matrix
-(:func:`dept_strategy.diagnostics.gram`, one read of the spool shared with the
-diagnostics): with D the (n, n) dot products, w the token weights times each update's
-scale,
+For every accepted update a and every θ tensor t, the cosine of a's Δ_t with the weighted
+mean of the round's other updates' Δ_t (leave-one-out), from the round's per-tensor dot
+products (:func:`dept_strategy.diagnostics.gram`, one read of the spool shared with the
+diagnostics): with D the (n, n) dot products of one tensor and w the token weights times
+each update's scale,
 
     cos_a = Σ_{b≠a} w_b D[a, b] / (√D[a, a] · √(Σ_{b,c≠a} w_b w_c D[b, c]))
 
-An update is flagged when its cosine is more than ``factor`` robust deviations (1.4826 ×
-the median absolute deviation, never below :data:`MIN_SPREAD`) from the round's median.
+An update's **agreement** is the mean of its cosines over the tensors: each tensor one
+vote. Over the whole body at once, the cosine says nothing: the large matrices' steps are
+dominated by each source's own noise, and honest updates' whole-body cosines were 0.00-0.03
+(four and eight sources, ``benchmarks.comparison.poisoning``). The small tensors every
+source moves alike (the norms' gains above all) agree: honest agreements there were +0.04 to
++0.24, and a reversed update's −0.06 to −0.11, in every round.
 
-Why relative to the round, not a fixed threshold: honest sources' agreement drifts in
-training. In the nine-language runs (``benchmarks/results/diagnostics-glob-nine``) every
-source's cosine with the others' mean was +0.06 to +0.23 in round 2 and −0.04 to −0.26 by
-round 24, when each source partly undoes the others' last pull on the shared body. A
-reversed update sits where its honest cosine's negative would: below the pack early, above
-it late. Both are caught where the pack is tight; where honest cosines scatter widely
-(a round where sources disagree), nothing is flagged, and a reversed update there also has
-the least shared progress to undo.
+An update is flagged when its agreement is negative *and* more than ``factor`` robust
+deviations (1.4826 × the median absolute deviation, never below :data:`MIN_SPREAD`) below
+the round's median. Both, because a source unlike the others (code among natural
+languages: +0.04 against +0.15 for the rest) agrees less but not against them, and because
+late in a heterogeneous run every source partly undoes the others' last pull (whole-body
+cosines −0.04 to −0.26 by round 24 of the nine-language GLOB run): there the pack itself is
+negative and only an update far below it is flagged.
 
-What that buys depends on how much the sources share. Replaying those two nine-language
-runs' Gram matrices with each source's update reversed in turn (factor 4): a reversed update
-is flagged in 9-18% of (round, source) cases, and an honest one in 0-3.7% (at factor 3:
-13-31% and 0.9-5.6%). Nine scripts share little of the body's direction, so a reversal
-there is nearly invisible; sources that share more (one language, related domains) are
-both more exposed to it and more protected.
-
-Clipping (``outlier-action`` clip) scales a flagged update by the deviation allowed over
-its own, so a borderline honest one loses little and a far one most of its weight.
-Needs three updates: with two, each one's cosine with the other is the same number.
+Scaling cannot turn an update round, so clipping (``outlier-action`` clip) takes a flagged
+update's weight from 1 at the threshold down to 0 at twice the threshold: a borderline
+one keeps most of its pull, a clear one none (its tokens are still credited; ``reject``
+drops it). Needs three updates: with two, each one's cosine with the other is the same
+number.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 
 import numpy as np
 
 from dept_strategy.screening import Flagged
 
-# No round is held to a spread below this: honest rounds' own spreads measured 0.012-0.19
-# (median 0.06-0.1, nine-language GLOB runs), and three updates give a MAD of the closest
-# pair only (honest synthetic sources at +0.36, +0.43, +0.44 read as 3.6 deviations of 0.02)
-MIN_SPREAD = 0.05
+# No round is held to a spread below this: three updates give a MAD of their closest pair
+# only, and honest agreements of one round spread over 0.01-0.1
+MIN_SPREAD = 0.02
 MAD_TO_SIGMA = 1.4826  # the MAD of a normal sample is 0.6745 of its standard deviation
 MIN_UPDATES = 3
 
@@ -65,26 +63,39 @@ def leave_one_out_cosines(dots: np.ndarray, weights: np.ndarray) -> np.ndarray:
     return out
 
 
+def agreements(by_tensor: Iterable[np.ndarray], weights: np.ndarray) -> np.ndarray:
+    """(n,) each update's leave-one-out cosine averaged over the tensors (NaN where no
+    tensor gives one)."""
+    cosines = np.array([leave_one_out_cosines(dots, weights) for dots in by_tensor])
+    if cosines.size == 0:
+        return np.full(len(weights), math.nan)
+    finite = np.isfinite(cosines)
+    counts = finite.sum(axis=0)
+    sums = np.where(finite, cosines, 0.0).sum(axis=0)
+    return np.where(counts > 0, sums / np.maximum(counts, 1), math.nan)
+
+
 def screen_directions(
-    dots: np.ndarray, weights: np.ndarray, *, factor: float
+    by_tensor: Iterable[np.ndarray], weights: np.ndarray, *, factor: float
 ) -> tuple[np.ndarray, dict[int, Flagged]]:
-    """(the leave-one-out cosines, ``{index: Flagged}`` for those unlike the round's);
+    """(the agreements, ``{index: Flagged}`` for those that point against the round's);
     nothing flagged with ``factor`` 0 or fewer than :data:`MIN_UPDATES` updates."""
-    cosines = leave_one_out_cosines(dots, weights)
-    finite = cosines[np.isfinite(cosines)]
+    agreement = agreements(by_tensor, weights)
+    finite = agreement[np.isfinite(agreement)]
     if factor <= 0 or len(finite) < MIN_UPDATES:
-        return cosines, {}
+        return agreement, {}
     median = float(np.median(finite))
     spread = max(MAD_TO_SIGMA * float(np.median(np.abs(finite - median))), MIN_SPREAD)
     allowed = factor * spread
     flagged = {}
-    for index, cosine in enumerate(cosines):
-        deviation = abs(cosine - median)
-        if np.isfinite(cosine) and deviation > allowed:
+    for index, value in enumerate(agreement):
+        below = median - value
+        if np.isfinite(value) and value < 0 and below > allowed:
             why = (
-                f"its cosine with the other updates' mean is {cosine:+.3f}, against the "
-                f"round's median {median:+.3f}: {deviation / spread:.1f} deviations of "
-                f"{spread:.3f} (config key 'direction-factor' is {factor:g})"
+                f"it points against the other updates: its agreement (cosine with their "
+                f"mean, per tensor) is {value:+.3f}, against the round's median {median:+.3f}, "
+                f"{below / spread:.1f} deviations of {spread:.3f} below "
+                f"(config key 'direction-factor' is {factor:g})"
             )
-            flagged[index] = Flagged(why, allowed / deviation)
-    return cosines, flagged
+            flagged[index] = Flagged(why, min(1.0, max(0.0, 2.0 - below / allowed)))
+    return agreement, flagged

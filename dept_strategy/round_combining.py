@@ -160,21 +160,21 @@ class RoundCombining:
     ) -> tuple[list[Arrival], dict[str, float]]:
         """The accepted updates, those pointing unlike the round's others
         (:func:`dept_strategy.direction.screen_directions`) clipped or dropped; and each
-        source's cosine with the others' mean."""
+        source's agreement with the others (its per-tensor cosine with their mean)."""
         factor = self.settings.defences.direction_factor
         if theta is None or factor <= 0:
             return accepted, {}
         ordered = _by_source(accepted)
         scales = np.array([a.spooled.scale for a in ordered])
         weights = np.array([a.spooled.weight for a in ordered]) * scales
-        cosines, flagged = screen_directions(
-            theta.dot * np.outer(scales, scales), weights, factor=factor
-        )
+        by_tensor = (dots * np.outer(scales, scales) for dots in theta.by_tensor.values())
+        cosines, flagged = screen_directions(by_tensor, weights, factor=factor)
         by_source = {a.target.source: float(c) for a, c in zip(ordered, cosines, strict=True)}
         kept = desk.screened(ordered, flagged, self.settings.defences.outlier_action)
         if len(kept) < len(ordered):  # a dropped reply: the Gram's rows are the kept ones
-            held = [i for i, a in enumerate(ordered) if any(k is a for k in kept)]
-            theta.dot, theta.sq = theta.dot[np.ix_(held, held)], theta.sq[np.ix_(held, held)]
+            held = np.ix_(*[[i for i, a in enumerate(ordered) if any(k is a for k in kept)]] * 2)
+            theta.dot, theta.sq = theta.dot[held], theta.sq[held]
+            theta.by_tensor = {n: dots[held] for n, dots in theta.by_tensor.items()}
         return kept, by_source
 
     def _diagnose(

@@ -163,9 +163,10 @@ class DeptConfig:
     )
     direction_factor: float = doc(
         4.0,
-        "an update whose cosine with the mean of the round's other updates (θ) is more than "
-        "this many robust deviations from the round's median cosine points the wrong way "
-        "(reversed, sign-flipped, colluding); outlier-action applies; needs 3 updates; 0: off",
+        "an update whose agreement with the round's others (θ: its cosine with their mean, "
+        "per tensor, averaged) is negative and more than this many robust deviations below "
+        "the round's median points the wrong way (reversed, sign-flipped, colluding); "
+        "outlier-action applies; needs 3 updates; 0: off",
     )
     dp_noise_multiplier: float = doc(
         0.0,
