@@ -233,6 +233,7 @@ class RoundCombining:
             [a.spooled.stats for a in arrivals],
             reach=reach,
             factor=rules.update_norm_factor,
+            flatness=rules.flatness_factor,
             previous=self.reference,
         )
         return desk.screened(arrivals, flagged, rules.outlier_action)

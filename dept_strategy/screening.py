@@ -48,6 +48,7 @@ class Defences:
     outlier_action: str = "clip"  # clip: scaled to the round's median size; reject: dropped
     trim_fraction: float = 0.2  # trimmed-mean: share dropped at each end (trim-fraction)
     update_norm_factor: float = 10.0  # k of the relative check, 0 off (update-norm-factor)
+    flatness_factor: float = 2.5  # k of the flatness check, 0 off (flatness-factor)
     # robust deviations of the leave-one-out cosine, 0 off (direction-factor)
     direction_factor: float = 4.0
     # the most the training of these rounds can move a weight no larger than this;
@@ -134,25 +135,54 @@ class Flagged:
 
 
 def screen(
-    stats: list[UpdateStats], *, reach: float, factor: float, previous: UpdateStats | None
+    stats: list[UpdateStats],
+    *,
+    reach: float,
+    factor: float,
+    previous: UpdateStats | None,
+    flatness: float = 0.0,
 ) -> dict[int, Flagged]:
     """``{index: Flagged}`` for the updates too large to be honest (the rest are fine).
 
     ``reach``: the most an honest update can move a weight this round (0: not checked);
-    ``factor``: k of the relative check (0: off); ``previous``: last round's accepted median.
+    ``factor``: k of the relative check (0: off); ``previous``: last round's accepted median;
+    ``flatness``: k of the flatness check (0: off, :func:`_too_flat`).
     """
     if not stats:
         return {}
     if previous is None and len(stats) < 3:  # a median of two is either reply: no reference
-        factor = 0
+        factor = flatness = 0
     extra = [previous] if previous is not None else []
     medians = _medians([*stats, *extra]).as_dict()
+    flat = lower_median([_flatness(s) for s in [*stats, *extra]])
     flagged = {}
     for i, s in enumerate(stats):
         why = _too_large(s, medians, reach, factor)
         if why:  # without the relative check the medians are no reference: one is its own
             flagged[i] = Flagged(why, _shrink(s, medians if factor > 0 else {}, reach))
+        elif flatness > 0 and (why := _too_flat(s, flat, medians["body_rms"], flatness)):
+            flagged[i] = Flagged(why, medians["body_rms"] / s.body_rms)
     return flagged
+
+
+def _flatness(s: UpdateStats) -> float:
+    """RMS over max |Δ| of the body: 1 when every value has one magnitude."""
+    return s.body_rms / s.body_max if s.body_max > 0 else 0.0
+
+
+def _too_flat(s: UpdateStats, median: float, median_rms: float, factor: float) -> str:
+    """Why ``s`` is a flattened update larger than the round's: AdamW's steps are
+    heavy-tailed (flatness 0.16-0.27 after 25 steps in the poisoning runs), an update of
+    signs only (every value ±its largest) is 1, at 4x the median RMS and within every size
+    bound. A flat update no larger than the median (one Adam step) is let be."""
+    value = _flatness(s)
+    if median <= 0 or value <= factor * median or s.body_rms <= median_rms:
+        return ""
+    return (
+        f"flatness (RMS / max |update|) {value:.3g} is {value / median:.3g}x the round's "
+        f"median {median:.3g} at {s.body_rms / median_rms:.3g}x its RMS: a flattened "
+        f"(signs-only) update (config key 'flatness-factor' is {factor:g})"
+    )
 
 
 def _too_large(s: UpdateStats, medians: dict[str, float], reach: float, factor: float) -> str:

@@ -197,6 +197,7 @@ def _build_strategy(cfg: DeptConfig, run_id: str, *, simulation: bool) -> DeptSt
         trim_fraction=cfg.trim_fraction,
         update_norm_factor=cfg.update_norm_factor,
         direction_factor=cfg.direction_factor,
+        flatness_factor=cfg.flatness_factor,
         reach=functools.partial(max_span_update, cfg),
     )
     pins = cfg.source_keys_file

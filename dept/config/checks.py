@@ -67,6 +67,11 @@ def check_values(cfg: Any) -> None:
         "must be 0 (off) or > 1: a reply is refused beyond this many times the round's median size",
     )
     _check("direction_factor", cfg.direction_factor >= 0, "must be >= 0 (0: off)")
+    _check(
+        "flatness_factor",
+        cfg.flatness_factor == 0 or cfg.flatness_factor > 1,
+        "must be 0 (off) or > 1",
+    )
     _check("dp_noise_multiplier", cfg.dp_noise_multiplier >= 0, "must be >= 0 (0: off)")
     _check("dp_clip_norm", cfg.dp_clip_norm > 0, "must be > 0")
     _check("dp_delta", 0 < cfg.dp_delta < 1, "must be in (0, 1)")

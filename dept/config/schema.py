@@ -161,6 +161,12 @@ class DeptConfig:
         "median (the previous round's median votes too) is too large; 0 (off) or > 1; one "
         "beyond what the round's AdamW steps can move a weight is too large regardless",
     )
+    flatness_factor: float = doc(
+        2.5,
+        "an update larger than the round's median RMS whose flatness (RMS over its largest "
+        "absolute value) is more than this many times the round's median is a flattened, "
+        "signs-only update; outlier-action applies (clip: to the median RMS); 0: off",
+    )
     direction_factor: float = doc(
         4.0,
         "an update whose agreement with the round's others (θ: its cosine with their mean, "

@@ -75,3 +75,31 @@ def test_two_replies_without_a_previous_round_cannot_accuse_each_other() -> None
     # A tiny update would make the honest one "100x the median" of two.
     assert not screen([_stats(1e-3), _stats(1e-5)], reach=0, factor=10, previous=None)
     assert not screen([_stats(1e-3), _stats(1e-5)], reach=0, factor=10, previous=_stats(1e-3))
+
+
+def test_a_signs_only_update_is_caught_by_its_flatness_and_brought_to_the_median_rms() -> None:
+    # Prepare: AdamW-like updates (RMS about a fifth of the max) and one of signs only at
+    # the same max: 4x the median RMS, so within the relative check's 10x
+    honest = [_stats(0.013, 0.052), _stats(0.012, 0.057), _stats(0.013, 0.048)]
+    signs = _stats(0.052, 0.052)
+    # Execute
+    flagged = screen([*honest, signs], reach=0, factor=10, previous=None, flatness=2.5)
+    # Assert
+    assert list(flagged) == [3] and "'flatness-factor' is 2.5" in flagged[3].why
+    assert flagged[3].shrink == pytest.approx(0.013 / 0.052), "to the round's median RMS"
+    assert not screen([*honest, signs], reach=0, factor=10, previous=None, flatness=0)
+
+
+def test_a_flat_update_no_larger_than_the_rounds_is_let_be() -> None:
+    # one source took a single Adam step (every value about lr): flat, but small
+    honest = [_stats(0.013, 0.052), _stats(0.012, 0.057), _stats(0.013, 0.048)]
+    assert not screen(
+        [*honest, _stats(0.004, 0.0045)], reach=0, factor=10, previous=None, flatness=2.5
+    )
+    assert not screen(
+        [_stats(0.013, 0.052), _stats(0.052, 0.052)],
+        reach=0,
+        factor=10,
+        previous=None,
+        flatness=2.5,
+    ), "two replies and no previous round: no reference"
