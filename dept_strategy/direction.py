@@ -16,13 +16,17 @@ dominated by each source's own noise, and honest updates' whole-body cosines wer
 source moves alike (the norms' gains above all) agree: honest agreements there were +0.04 to
 +0.24, and a reversed update's −0.06 to −0.11, in every round.
 
-An update is flagged when its agreement is negative *and* more than ``factor`` robust
-deviations (1.4826 × the median absolute deviation, never below :data:`MIN_SPREAD`) below
-the round's median. Both, because a source unlike the others (code among natural
-languages: +0.04 against +0.15 for the rest) agrees less but not against them, and because
-late in a heterogeneous run every source partly undoes the others' last pull (whole-body
-cosines −0.04 to −0.26 by round 24 of the nine-language GLOB run): there the pack itself is
-negative and only an update far below it is flagged.
+A source's agreement is smoothed over its rounds (each round's past weighs half,
+:func:`smoothed`), and an update is flagged when its source's smoothed agreement is negative
+*and* more than ``factor`` robust deviations (1.4826 × the median absolute deviation, never
+below :data:`MIN_SPREAD`) below the round's median. Smoothed, because a heterogeneous
+source is now and then against the others for a round (es-novels among eight corpora:
++0.065, −0.037, +0.101) while a reversing node is so every round (−0.105, −0.108, −0.033);
+one round alone did not tell them apart. Negative and below, because a source unlike
+the others (code among natural languages: +0.04 against +0.15 for the rest) agrees less
+but not against them, and because late in a heterogeneous run every source partly undoes
+the others' last pull (whole-body cosines −0.04 to −0.26 by round 24 of the nine-language
+GLOB run): there the pack itself is negative and only an update far below it is flagged.
 
 Scaling cannot turn an update round, so clipping (``outlier-action`` clip) takes a flagged
 update's weight from 1 at the threshold down to 0 at twice the threshold: a borderline
@@ -75,25 +79,38 @@ def agreements(by_tensor: Iterable[np.ndarray], weights: np.ndarray) -> np.ndarr
     return np.where(counts > 0, sums / np.maximum(counts, 1), math.nan)
 
 
+def smoothed(agreement: np.ndarray, before: np.ndarray) -> np.ndarray:
+    """Each update's agreement averaged with its source's smoothed one of the rounds
+    before (NaN: none), halving the past's weight every round."""
+    return np.where(np.isfinite(before), (before + agreement) / 2, agreement)
+
+
 def screen_directions(
-    by_tensor: Iterable[np.ndarray], weights: np.ndarray, *, factor: float
+    by_tensor: Iterable[np.ndarray],
+    weights: np.ndarray,
+    *,
+    factor: float,
+    before: np.ndarray | None = None,
 ) -> tuple[np.ndarray, dict[int, Flagged]]:
-    """(the agreements, ``{index: Flagged}`` for those that point against the round's);
-    nothing flagged with ``factor`` 0 or fewer than :data:`MIN_UPDATES` updates."""
+    """(the agreements, ``{index: Flagged}`` for those whose source points against the
+    round's); ``before``: each source's smoothed agreement of its earlier rounds (NaN where
+    it has none). Nothing flagged with ``factor`` 0 or fewer than :data:`MIN_UPDATES`."""
     agreement = agreements(by_tensor, weights)
-    finite = agreement[np.isfinite(agreement)]
+    judged = agreement if before is None else smoothed(agreement, before)
+    finite = judged[np.isfinite(judged)]
     if factor <= 0 or len(finite) < MIN_UPDATES:
         return agreement, {}
     median = float(np.median(finite))
     spread = max(MAD_TO_SIGMA * float(np.median(np.abs(finite - median))), MIN_SPREAD)
     allowed = factor * spread
     flagged = {}
-    for index, value in enumerate(agreement):
+    for index, value in enumerate(judged):
         below = median - value
         if np.isfinite(value) and value < 0 and below > allowed:
             why = (
                 f"it points against the other updates: its agreement (cosine with their "
-                f"mean, per tensor) is {value:+.3f}, against the round's median {median:+.3f}, "
+                f"mean, per tensor) is {agreement[index]:+.3f} this round, {value:+.3f} "
+                f"smoothed over its rounds, against the round's median {median:+.3f}: "
                 f"{below / spread:.1f} deviations of {spread:.3f} below "
                 f"(config key 'direction-factor' is {factor:g})"
             )

@@ -72,6 +72,8 @@ class RoundRecord:
     interference: dict[str, Any] = field(default_factory=dict)  # cosines of pairs of updates
     diagnostics_s: float = 0.0  # server seconds the two took
     privacy: dict[str, float] = field(default_factory=dict)  # central DP: ε so far, clipped
+    # per source, its θ update's agreement with the others' (dept_strategy.direction)
+    agreement: dict[str, float] = field(default_factory=dict)
     bytes_up: int = 0
     bytes_down: int = 0
     wall_s: float = 0.0  # since the run started, when the round ended
@@ -179,10 +181,12 @@ class RunHistory:
         self.comm.add_participation(self.body_params, emb, int(metrics.get(keys.LOCAL_STEPS, 0)))
 
     def record_diagnostics(self, server_round: int, found: dict[str, Any], seconds: float) -> None:
-        """``update_norms`` and, where computed, ``interference`` of the round's updates."""
+        """``update_norms`` and, where computed, ``interference`` and ``agreement`` of the
+        round's updates."""
         record = self.at(server_round)
         record.update_norms = found["update_norms"]
         record.interference = found.get("interference", {})
+        record.agreement = found.get("agreement", {})
         record.diagnostics_s = seconds
 
     def privacy(self) -> dict[str, float]:
@@ -330,6 +334,7 @@ class RunHistory:
             "bytes_up": record.bytes_up,
             "bytes_down": record.bytes_down,
             **({"drift": drift} if drift else {}),
+            **({"agreement": record.agreement} if record.agreement else {}),
             **({"privacy": record.privacy} if record.privacy else {}),
         }
 

@@ -168,7 +168,10 @@ class RoundCombining:
         scales = np.array([a.spooled.scale for a in ordered])
         weights = np.array([a.spooled.weight for a in ordered]) * scales
         by_tensor = (dots * np.outer(scales, scales) for dots in theta.by_tensor.values())
-        cosines, flagged = screen_directions(by_tensor, weights, factor=factor)
+        before = np.array(
+            [self._smoothed_agreement(a.target.source, server_round) for a in ordered]
+        )
+        cosines, flagged = screen_directions(by_tensor, weights, factor=factor, before=before)
         by_source = {a.target.source: float(c) for a, c in zip(ordered, cosines, strict=True)}
         kept = desk.screened(ordered, flagged, self.settings.defences.outlier_action)
         if len(kept) < len(ordered):  # a dropped reply: the Gram's rows are the kept ones
@@ -176,6 +179,16 @@ class RoundCombining:
             theta.dot, theta.sq = theta.dot[held], theta.sq[held]
             theta.by_tensor = {n: dots[held] for n, dots in theta.by_tensor.items()}
         return kept, by_source
+
+    def _smoothed_agreement(self, source: str, server_round: int) -> float:
+        """``source``'s agreement smoothed over its rounds before ``server_round`` (from
+        the run's history, so a resumed run goes on with it); NaN where it has none."""
+        value = math.nan
+        for number, record in sorted(self.history.rounds.items()):
+            found = record.agreement.get(source)
+            if number < server_round and found is not None and math.isfinite(found):
+                value = found if math.isnan(value) else (value + found) / 2
+        return value
 
     def _diagnose(
         self,
@@ -199,8 +212,8 @@ class RoundCombining:
             interference=self.settings.interference,
             theta=theta,
         )
-        if cosines and "interference" in found:
-            found["interference"]["theta_leave_one_out"] = cosines
+        if cosines:  # the next rounds' direction check reads them back
+            found["agreement"] = cosines
         self.history.record_diagnostics(server_round, found, time.perf_counter() - start)
 
     def _spool(self, server_round: int) -> Path:

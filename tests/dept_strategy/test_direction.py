@@ -151,9 +151,39 @@ def test_the_strategy_clips_or_drops_a_reversed_reply_and_names_it(action: str) 
     record = strategy.history.rounds[1]
     named = record.clipped if action == "clip" else record.rejected
     assert [r["source"] for r in named] == ["s4"] and "direction-factor" in named[0]["reason"]
-    agreement = record.interference["theta_leave_one_out"]
+    agreement = record.agreement
     assert agreement["s4"] < 0 < min(v for s, v in agreement.items() if s != "s4")
     assert metrics[keys.NUM_EXAMPLES] == (800 if action == "clip" else 700)
     honest = np.mean([u for n, u in enumerate(updates) if n != 4], axis=0)
     step = np.concatenate([BODY[k].numpy().ravel() - arrays[k].numpy().ravel() for k in "ab"])
     assert np.corrcoef(step, honest)[0, 1] > 0.95
+
+
+def test_one_round_against_the_others_is_forgiven_where_the_source_agreed_before() -> None:
+    # Prepare: a round where source 4 honestly pulls against the rest for once
+    tensors = _updates(8, 1.0)
+    _flip(tensors, [4], by=-0.5)
+    alone = _screen(tensors)[1]
+    before = np.full(8, 0.3)  # every source agreed in its earlier rounds
+    # Execute
+    found, flagged = screen_directions(_dots(tensors), np.ones(8), factor=4.0, before=before)
+    # Assert
+    assert list(alone) == [4], "judged on this round alone it is flagged"
+    assert found[4] < 0 and not flagged
+
+
+def test_a_source_against_the_others_round_after_round_is_flagged() -> None:
+    tensors = _updates(8, 1.0)
+    _flip(tensors, [4], by=-0.5)
+    before = np.array([0.3, 0.3, 0.3, 0.3, -0.3, 0.3, 0.3, np.nan])  # 7 joins this round
+    _, flagged = screen_directions(_dots(tensors), np.ones(8), factor=4.0, before=before)
+    assert list(flagged) == [4] and "smoothed over its rounds" in flagged[4].why
+
+
+def test_the_strategy_smooths_a_sources_agreement_over_its_rounds() -> None:
+    strategy = mock_strategy()
+    strategy.history.at(1).agreement = {"s": -0.2, "t": 0.1}
+    strategy.history.at(2).agreement = {"s": 0.4}
+    assert strategy._smoothed_agreement("s", 3) == pytest.approx(0.1)
+    assert strategy._smoothed_agreement("s", 2) == pytest.approx(-0.2), "earlier rounds only"
+    assert np.isnan(strategy._smoothed_agreement("new", 3))
