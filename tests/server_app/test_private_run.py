@@ -4,11 +4,14 @@ in metrics.jsonl, the final one in summary.json, every source still trained."""
 import json
 from pathlib import Path
 
+import pytest
+
 from dept_cli.in_process import federate_in_process
 from dept_strategy.privacy import CentralPrivacy
 from tests.helpers import debug_run_config, synthetic_sources
 
 
+@pytest.mark.slow  # a federation of three sources, 9 s on two cores
 def test_a_private_run_reports_its_epsilon_every_round(tmp_path: Path, node_cache: Path) -> None:
     sources = synthetic_sources(tmp_path, "latin", "greek", "cyrillic")
     dp = {"dp-noise-multiplier": 2.0, "dp-clip-norm": 0.5, "dp-delta": 1e-6}
