@@ -48,7 +48,7 @@ class Defences:
     outlier_action: str = "clip"  # clip: scaled to the round's median size; reject: dropped
     trim_fraction: float = 0.2  # trimmed-mean: share dropped at each end (trim-fraction)
     update_norm_factor: float = 10.0  # k of the relative check, 0 off (update-norm-factor)
-    flatness_factor: float = 2.5  # k of the flatness check, 0 off (flatness-factor)
+    flatness_factor: float = 0.0  # k of the flatness check, 0 off (flatness-factor)
     # robust deviations of the leave-one-out cosine, 0 off (direction-factor)
     direction_factor: float = 4.0
     # the most the training of these rounds can move a weight no larger than this;

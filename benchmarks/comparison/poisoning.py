@@ -78,6 +78,7 @@ LEFT_OUT = "ja-techdoc"  # of the nine corpora: the same manual as zh-techdoc, t
 PARTS = (("head", "train.txt", 0.05), ("tail", "val.txt", 0.2))  # name, file, val-fraction
 # what the reason of a named update says, by check (the rest are the size checks')
 CHECKS = {"direction-factor": "direction", "flatness-factor": "flatness"}
+FLATNESS = 2.5  # the flatness check, on in every run here (signs-only is its attack)
 CODE = ("dept", "dept_strategy", "server_app", "client_app", "pyproject.toml")  # what ran
 
 
@@ -294,6 +295,8 @@ def base_config(args: argparse.Namespace, work: Path) -> dict[str, Any]:
                 "warmup-steps": min(10, args.rounds * args.local_steps - 1),
                 "eval-bytes": args.eval_bytes,
                 "sources-file": sources_file(args.sources, work),
+                # off by default (a source restarting with fresh AdamW state is flat too)
+                "flatness-factor": FLATNESS,
                 "state-dir": str(work.parent / "state"),
                 "device": "cpu",
             }

@@ -162,10 +162,12 @@ class DeptConfig:
         "beyond what the round's AdamW steps can move a weight is too large regardless",
     )
     flatness_factor: float = doc(
-        2.5,
+        0.0,
         "an update larger than the round's median RMS whose flatness (RMS over its largest "
         "absolute value) is more than this many times the round's median is a flattened, "
-        "signs-only update; outlier-action applies (clip: to the median RMS); 0: off",
+        "signs-only update; outlier-action applies (clip: to the median RMS); 0: off (the "
+        "default: a source restarting with a fresh AdamW state sends a flat, large update "
+        "too); 2.5 caught every signs-only update in the poisoning runs",
     )
     direction_factor: float = doc(
         4.0,
