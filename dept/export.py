@@ -158,6 +158,28 @@ def export_global(
     return out
 
 
+def export_baseline(
+    model: PreTrainedModel,
+    cfg: DeptConfig,
+    state_root: Path,
+    out: Path,
+    *,
+    name: str,
+    avg_bpb: float,
+) -> Path:
+    """Write a baseline's (STD, ACT) model, trained on the run's global tokenizer, to ``out``,
+    replacing an earlier one: ``dept eval`` and ``transformers`` load it like an export."""
+    path = global_tokenizer(run_sources(cfg), cfg.global_vocab_size, state_root / "cache", cfg.seed)
+    tokenizer = load_tokenizer(path)
+    unused = list(range(len(tokenizer), cfg.global_vocab_size))
+    score = (
+        "Validation bits per byte at the end of training, averaged over the run's sources: "
+        f"{avg_bpb:.4f}.\n"
+    )
+    _save(model, tokenizer, out, unused, cfg, "every source's model", score, trained=name)
+    return out
+
+
 def _global_score(run: FinishedRun) -> str:
     """What the README says of the global model's quality. GLOB scored every source with
     this very model, so the mean of their bits per byte is its own. TRIM scored each source
@@ -237,8 +259,10 @@ def _save(
     cfg: DeptConfig,
     what: str,
     score: str,
+    trained: str = "",
 ) -> None:
-    """``score``: the README's sentence on the model's measured quality ("" for none)."""
+    """``score``: the README's sentence on the model's measured quality ("" for none);
+    ``trained``: how it trained, where not by DEPT (a baseline's name)."""
     eos = tokenizer.eos_token_id
     model.config.eos_token_id = eos
     model.config.pad_token_id = eos
@@ -259,9 +283,10 @@ def _save(
         suppress_tokens=[i for i in suppressed if i != eos] or None,
         **length,
     )
+    how = f"as the {trained} baseline, one model on the mixture of the sources" if trained else ""
     readme = (
-        f"# DEPT {cfg.variant}: {what}\n\n"
-        f"{family.name} `{cfg.model}` model trained with DEPT on Flower "
+        f"# {trained or f'DEPT {cfg.variant}'}: {what}\n\n"
+        f"{family.name} `{cfg.model}` model trained {how or 'with DEPT on Flower'} "
         f"({cfg.num_server_rounds} rounds x {cfg.local_steps} local steps, "
         f"context {cfg.seq_len} tokens).\n"
         + score

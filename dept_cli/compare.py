@@ -152,19 +152,37 @@ def _run_federated(plan: Plan) -> dict[str, Any]:
 
 
 def _run_baseline(plan: Plan) -> dict[str, Any]:
-    from dept.train.baselines import run_standard
+    from transformers import PreTrainedModel
+
+    from dept.export import export_baseline
+    from dept.train.baselines import BaselineRound, run_standard
+    from dept_cli.evaluate import BASELINE_MODEL
 
     baseline = BASELINES[plan.method]
     cfg = load_config(plan.run_config)
     specs = run_sources(cfg)
+    state_root = resolve_path(cfg.state_dir)
+    scores: list[float] = []
+
+    def say(record: BaselineRound) -> None:
+        scores.append(record.avg_val_bpb)
+        log.info("round %d: avg val bpb %.4f", record.round, record.avg_val_bpb)
+
+    def keep_final(server_round: int, model: PreTrainedModel) -> None:
+        """The last round's model, as a folder ``dept eval`` reads (before ACT forgets)."""
+        if server_round == cfg.num_server_rounds:
+            out = Path(plan.out_dir) / BASELINE_MODEL
+            export_baseline(model, cfg, state_root, out, name=baseline.title, avg_bpb=scores[-1])
+
     run = run_standard(
         cfg,
         specs,
-        resolve_path(cfg.state_dir),
+        state_root,
         temperature=baseline.temperature,
         sources_per_round=len(specs),
         forgets=baseline.forgets,
-        on_round=lambda r: log.info("round %d: avg val bpb %.4f", r.round, r.avg_val_bpb),
+        on_round=say,
+        on_model=keep_final,
     )
     final = run.rounds[-1].eval
     full_model = (run.body_params + run.embedding_params) * 4

@@ -34,6 +34,7 @@ class Command:
 COMMANDS: dict[str, Command] = {
     "run": Command("server_app.launch", "run a simulated federation (flwr run, sized for it)"),
     "export": Command("dept.export", "export a finished run as Hugging Face model folders"),
+    "eval": Command("dept_cli.evaluate", "a finished run's models through lm-evaluation-harness"),
     "compare": Command("dept_cli.compare", "every DEPT variant against the baselines, one table"),
     "cpt": Command("dept_cli.cpt", "continued pre-training of DEPT and STD bodies on a new source"),
     "certs": Command("dept.certificates", "TLS certificates and SuperNode keys for a deployment"),

@@ -1,0 +1,159 @@
+"""dept eval: lm-eval scores an exported model's validation text as the run did (the proof that
+an export is the model that trained), runs a user's local task, and refuses what it cannot
+evaluate by name."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from dept_cli import compare, evaluate
+from dept_cli.harness import _metrics, _stream_results, stream_task_name, validation_stream
+from tests.helpers import share_cache, synthetic_sources
+
+SOURCES = ("synth-latin", "synth-greek")
+# Measured on debug runs: 0.00-0.06% (lm-eval also predicts the stream's first token, which
+# the run does not, and cuts the text at a character, the run at a token).
+SAME_BPB = 0.005
+CLOZE = """task: tiny_cloze
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    test: {data}
+test_split: test
+output_type: multiple_choice
+doc_to_text: "{{{{context}}}}"
+doc_to_choice: "{{{{choices}}}}"
+doc_to_target: "{{{{answer}}}}"
+metric_list:
+  - metric: acc
+    aggregation: mean
+    higher_is_better: true
+"""
+
+
+def test_the_stream_joins_documents_by_the_end_token_and_counts_each_as_one_byte() -> None:
+    stream = validation_stream("s", ["ab", "cdé", "fgh"], "</s>", max_bytes=0)
+
+    assert stream.text == "ab</s>cdé</s>fgh</s>"
+    assert stream.bytes == 2 + 1 + 4 + 1 + 3 + 1
+
+
+def test_the_stream_stops_at_the_runs_bytes_on_a_whole_character() -> None:
+    # 2 + 1 bytes, then "é" (2 bytes) would cross 4: the cut keeps "c" only
+    stream = validation_stream("s", ["ab", "cé", "never"], "<eos>", max_bytes=4)
+
+    assert stream.text == "ab<eos>c" and stream.bytes == 4
+
+
+def test_a_source_without_validation_text_is_named() -> None:
+    with pytest.raises(ValueError, match="'de-novels' has no validation text"):
+        validation_stream("de-novels", [], "</s>", max_bytes=100)
+
+
+def test_the_task_counts_the_rows_bytes_and_metrics_lose_the_filter_suffix() -> None:
+    assert _stream_results({"text": "x</s>", "bytes": 2}, [-3.0]) == {"bits_per_byte": (-3.0, 2)}
+    assert _metrics(
+        {"alias": "t", "acc,none": 0.5, "acc_stderr,none": "N/A", "exact,strict": 1.0}
+    ) == {"acc": 0.5, "exact,strict": 1.0}
+
+
+def _compare(tmp_path: Path, node_cache: Path) -> Path:
+    """A finished debug comparison of STD τ=0 and three DEPT variants: its runs folder."""
+    out = tmp_path / "out"
+    share_cache(out / "state", node_cache)
+    # fmt: off
+    args = ["--sources-file", str(synthetic_sources(tmp_path, "latin", "greek")),
+            "--model", "debug", "--tokens", "4096", "--local-steps", "4", "--batch-size", "4",
+            "--seq-len", "64", "--warmup-steps", "2", "--global-vocab-size", "600",
+            "--eval-bytes", "4096", "--lrs", "0.01", "--methods", "std-0,glob,trim,spec-opt",
+            "--jobs", "1", "--out", str(out)]
+    # fmt: on
+    assert compare.main(args) == 0
+    return out / "runs"
+
+
+def _report(run: Path, *argv: str) -> dict:
+    assert evaluate.main([str(run), "--device", "cpu", *argv]) == 0
+    return json.loads((run / "eval" / "eval.json").read_text())
+
+
+def _streams(report: dict) -> dict[tuple[str, str], tuple[float, float]]:
+    """(model, source): (lm-eval's bits per byte, the run's)."""
+    return {
+        (row["model"], source): (row["bits_per_byte"], row.get("run_bits_per_byte", math.nan))
+        for row in report["results"]
+        for source in SOURCES
+        if row["task"] == stream_task_name(source)
+    }
+
+
+def _cloze(folder: Path) -> Path:
+    """A user's multiple-choice task on local data: its YAML's folder."""
+    rows = [
+        {"context": "lorem ipsum", "choices": [" dolor", " xyz"], "answer": 0},
+        {"context": "α β", "choices": [" γ", " δ", " ε"], "answer": 1},
+    ]
+    folder.mkdir()
+    data = folder / "cloze.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (folder / "cloze.yaml").write_text(CLOZE.format(data=data))
+    return folder
+
+
+@pytest.mark.slow  # one comparison for every check: each federated run costs CI seconds
+def test_lm_eval_scores_every_methods_models_as_their_runs_did(
+    tmp_path: Path, node_cache: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Prepare
+    runs = _compare(tmp_path, node_cache)
+    run = {m: next(runs.glob(f"{m}-lr*")) for m in ("std-0", "glob", "trim", "spec-opt")}
+    tasks = _cloze(tmp_path / "tasks")
+
+    # Execute
+    reports = {m: _report(run[m]) for m in ("std-0", "trim")}
+    reports["glob"] = _report(run["glob"], "--global", "--source", "synth-greek")
+    reports["spec-opt"] = _report(
+        run["spec-opt"], "--tasks", "tiny_cloze", "--include-path", str(tasks)
+    )
+
+    # Assert: every model the run measured scores what the run said, by lm-eval
+    for method, report in reports.items():
+        streams = _streams(report)
+        for key, (got, measured) in streams.items():
+            assert math.isclose(got, measured, rel_tol=SAME_BPB), (method, key, got, measured)
+    assert set(_streams(reports["std-0"])) == {("std-0", s) for s in SOURCES}
+    assert set(_streams(reports["glob"])) == {
+        ("synth-greek", "synth-greek"),
+        *(("global", s) for s in SOURCES),
+    }
+    trim_global = _report(run["trim"], "--global", "--source", "synth-latin")
+    assert all(
+        math.isnan(measured) and got > 0
+        for (model, _), (got, measured) in _streams(trim_global).items()
+        if model == "global"
+    )  # TRIM's global model is scored, though the run never measured it
+    # a user's task runs beside the streams, on each source's model
+    cloze = [r for r in reports["spec-opt"]["results"] if r["task"] == "tiny_cloze"]
+    assert {r["model"] for r in cloze} == set(SOURCES)
+    assert all(0.0 <= r["acc"] <= 1.0 and "acc_stderr" in r for r in cloze)
+    assert "tiny_cloze" in capsys.readouterr().out
+    # what cannot be evaluated is named
+    with pytest.raises(SystemExit, match="'synth-cyrillic' is not in the run's"):
+        evaluate.main([str(run["spec-opt"]), "--source", "synth-cyrillic"])
+    with pytest.raises(SystemExit, match="baseline run: one model covers every source"):
+        evaluate.main([str(run["std-0"]), "--global"])
+
+
+def test_a_folder_without_a_finished_run_is_named(tmp_path: Path) -> None:
+    with pytest.raises(SystemExit, match="holds no finished run"):
+        evaluate.main([str(tmp_path), "--device", "cpu"])
+
+
+def test_only_other_tasks_needs_tasks(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        evaluate.main(["run", "--no-bits-per-byte"])
+    assert "give --tasks" in capsys.readouterr().err
