@@ -18,6 +18,7 @@ import argparse
 import json
 import logging
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -220,13 +221,9 @@ def table(report: dict[str, Any]) -> Table:
     return out
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        prog="dept eval",
-        description="Evaluate a finished run's models with lm-evaluation-harness.",
-        epilog=EXAMPLES,
-        formatter_class=HelpFormatter,
-    )
+def add_model_arguments(parser: argparse.ArgumentParser) -> None:
+    """Which of a run's models a command takes (:func:`finished_models`): ``dept eval``'s
+    and ``dept finetune``'s."""
     parser.add_argument("run_dir", type=Path, help="a run's output-dir, or a dept compare run")
     parser.add_argument(
         "--source", action="append", help="this source's model (repeat; default: every source)"
@@ -237,6 +234,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         action="store_true",
         help="also the global model (glob, trim), on every source",
     )
+    parser.add_argument("--state-dir", type=Path, help="the run's state root, if not its own")
+    parser.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N, mps")
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="dept eval",
+        description="Evaluate a finished run's models with lm-evaluation-harness.",
+        epilog=EXAMPLES,
+        formatter_class=HelpFormatter,
+    )
+    add_model_arguments(parser)
     parser.add_argument(
         "--tasks",
         type=lambda s: [t for t in s.split(",") if t],
@@ -260,9 +269,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         action="store_true",
         help="skip dept_stream_bpb (only --tasks)",
     )
-    parser.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N, mps")
     parser.add_argument("--batch-size", type=int, default=8, help="lm-eval's batch size")
-    parser.add_argument("--state-dir", type=Path, help="the run's state root, if not its own")
     args = parser.parse_args(argv)
     if args.no_bits_per_byte and not args.tasks:
         parser.error("--no-bits-per-byte leaves nothing to evaluate: give --tasks")
@@ -271,17 +278,29 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+def report_on(
+    command: str,
+    args: argparse.Namespace,
+    compute: Callable[[argparse.Namespace], dict[str, Any]],
+    render: Callable[[dict[str, Any]], Table],
+    out: Path,
+) -> int:
+    """Run ``compute``, a bad input ending it with one line that names the problem; write its
+    report to ``out`` (JSON) and print it as a table."""
     try:
-        report = evaluate(args)
+        report = compute(args)
     except (ValueError, OSError) as exc:  # ConfigError is a ValueError
-        raise SystemExit(f"dept eval: {exc}") from exc
-    out = args.run_dir / EVAL_DIR / EVAL_FILE
+        raise SystemExit(f"dept {command}: {exc}") from exc
+    out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(dumps(report, indent=2))
-    Console(width=140).print(table(report))
+    Console(width=140).print(render(report))
     print(f"wrote {out}")
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    return report_on("eval", args, evaluate, table, args.run_dir / EVAL_DIR / EVAL_FILE)
 
 
 if __name__ == "__main__":

@@ -35,6 +35,7 @@ COMMANDS: dict[str, Command] = {
     "run": Command("server_app.launch", "run a simulated federation (flwr run, sized for it)"),
     "export": Command("dept.export", "export a finished run as Hugging Face model folders"),
     "eval": Command("dept_cli.evaluate", "a finished run's models through lm-evaluation-harness"),
+    "finetune": Command("dept_cli.finetune", "fine-tune a run's models with a task head, per seed"),
     "compare": Command("dept_cli.compare", "every DEPT variant against the baselines, one table"),
     "cpt": Command("dept_cli.cpt", "continued pre-training of DEPT and STD bodies on a new source"),
     "certs": Command("dept.certificates", "TLS certificates and SuperNode keys for a deployment"),

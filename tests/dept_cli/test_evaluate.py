@@ -1,6 +1,6 @@
 """dept eval: lm-eval scores an exported model's validation text as the run did (the proof that
 an export is the model that trained), runs a user's local task, and refuses what it cannot
-evaluate by name."""
+evaluate by name; dept finetune tunes the same models with a task head, seed by seed."""
 
 from __future__ import annotations
 
@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from dept_cli import compare, evaluate
+from dept_cli import compare, evaluate, finetune
 from dept_cli.harness import _metrics, _stream_results, stream_task_name, validation_stream
+from tests.dept_cli.test_finetune import write_task
 from tests.helpers import share_cache, synthetic_sources
 
 SOURCES = ("synth-latin", "synth-greek")
@@ -104,6 +105,16 @@ def _cloze(folder: Path) -> Path:
     return folder
 
 
+def _script_task(folder: Path) -> Path:
+    """Which script a line is in: what any pre-trained body of the two learns at once."""
+    rows = [
+        {"sentence": text, "label": label}
+        for i in range(24)
+        for label, text in enumerate((f"lorem ipsum dolor {i} sit", f"αβγ δεζ {i} ηθι"))
+    ]
+    return write_task(folder, rows[:36], rows[36:])
+
+
 @pytest.mark.slow  # one comparison for every check: each federated run costs CI seconds
 def test_lm_eval_scores_every_methods_models_as_their_runs_did(
     tmp_path: Path, node_cache: Path, capsys: pytest.CaptureFixture[str]
@@ -141,6 +152,23 @@ def test_lm_eval_scores_every_methods_models_as_their_runs_did(
     assert {r["model"] for r in cloze} == set(SOURCES)
     assert all(0.0 <= r["acc"] <= 1.0 and "acc_stderr" in r for r in cloze)
     assert "tiny_cloze" in capsys.readouterr().out
+    # fine-tuning: every model of a run with a fresh head, per seed, the same seed the same
+    which_script = _script_task(tmp_path / "which-script")
+    assert (
+        finetune.main(
+            [str(run["std-0"]), "--task", str(which_script), "--seeds", "2", "--epochs", "2"]
+        )
+        == 0
+    )
+    tuned = json.loads((run["std-0"] / "finetune" / "finetune.json").read_text())["results"]
+    assert [(r["model"], r["metric"]) for r in tuned] == [("std-0", "accuracy")]
+    assert 0.5 < tuned[0]["mean"] <= 1.0 and len(tuned[0]["seeds"]) == 2  # scripts tell apart
+    argv = [str(run["spec-opt"]), "--source", "synth-greek", "--task", str(which_script)]
+    once, again = (
+        finetune.run(finetune.parse_args([*argv, "--seeds", "1", "--epochs", "1"]))
+        for _ in range(2)
+    )
+    assert once["results"] == again["results"]
     # what cannot be evaluated is named
     with pytest.raises(SystemExit, match="'synth-cyrillic' is not in the run's"):
         evaluate.main([str(run["spec-opt"]), "--source", "synth-cyrillic"])
