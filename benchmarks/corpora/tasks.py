@@ -70,30 +70,44 @@ def which_source(per_source: Chunks, count: int, rng: random.Random) -> list[Row
     return rows
 
 
-def chunk_order(per_source: Chunks, count: int, rng: random.Random) -> list[Row]:
-    rows: list[Row] = []
-    names = sorted(per_source)
-    for i in range(count):
-        chunks = per_source[names[i % len(names)]]
-        at = rng.randrange(len(chunks) - 1)
-        first, second = chunks[at], chunks[at + 1]
-        label = i // len(names) % 2  # half in order, half swapped
-        pair = (first, second) if label else (second, first)
-        rows.append({"sentence1": pair[0], "sentence2": pair[1], "label": label})
-    return rows
-
-
-def continuation(per_source: Chunks, count: int, rng: random.Random) -> list[Row]:
+def _pairs(
+    per_source: Chunks,
+    count: int,
+    rng: random.Random,
+    pair: Callable[[list[str], int, bool, random.Random], tuple[str, str]],
+) -> list[Row]:
+    """``count`` pair examples, sources in turn and the two labels alternating per turn:
+    ``pair(chunks, at, positive, rng)`` makes one from a source's chunk ``at``."""
     rows: list[Row] = []
     names = sorted(per_source)
     for i in range(count):
         chunks = per_source[names[i % len(names)]]
         at = rng.randrange(len(chunks) - 1)
         label = i // len(names) % 2
-        other = rng.choice([j for j in range(len(chunks)) if abs(j - at) > 1] or [at + 1])
-        follower = chunks[at + 1] if label else chunks[other]
-        rows.append({"sentence1": chunks[at], "sentence2": follower, "label": label})
+        first, second = pair(chunks, at, bool(label), rng)
+        rows.append({"sentence1": first, "sentence2": second, "label": label})
     return rows
+
+
+def _ordered(chunks: list[str], at: int, positive: bool, rng: random.Random) -> tuple[str, str]:
+    """Two adjacent chunks, in their order or swapped."""
+    return (chunks[at], chunks[at + 1]) if positive else (chunks[at + 1], chunks[at])
+
+
+def _continued(chunks: list[str], at: int, positive: bool, rng: random.Random) -> tuple[str, str]:
+    """A chunk and the one after it, or one from further away in the same source."""
+    if positive:
+        return chunks[at], chunks[at + 1]
+    other = rng.choice([j for j in range(len(chunks)) if abs(j - at) > 1] or [at + 1])
+    return chunks[at], chunks[other]
+
+
+def chunk_order(per_source: Chunks, count: int, rng: random.Random) -> list[Row]:
+    return _pairs(per_source, count, rng, _ordered)
+
+
+def continuation(per_source: Chunks, count: int, rng: random.Random) -> list[Row]:
+    return _pairs(per_source, count, rng, _continued)
 
 
 TASKS: dict[str, Callable[[Chunks, int, random.Random], list[Row]]] = {
