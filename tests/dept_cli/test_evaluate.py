@@ -105,10 +105,11 @@ def _cloze(folder: Path) -> Path:
     return folder
 
 
-def _script_task(folder: Path) -> Path:
-    """Which script a line is in: what any pre-trained body of the two learns at once."""
+def _script_task(folder: Path, regression: bool = False) -> Path:
+    """Which script a line is in: what any pre-trained body of the two learns at once; as a
+    regression, a score of 0.25 or 0.75 per script."""
     rows = [
-        {"sentence": text, "label": label}
+        {"sentence": text, "label": 0.25 + label / 2 if regression else label}
         for i in range(24)
         for label, text in enumerate((f"lorem ipsum dolor {i} sit", f"αβγ δεζ {i} ηθι"))
     ]
@@ -163,6 +164,10 @@ def test_lm_eval_scores_every_methods_models_as_their_runs_did(
     tuned = json.loads((run["std-0"] / "finetune" / "finetune.json").read_text())["results"]
     assert [(r["model"], r["metric"]) for r in tuned] == [("std-0", "accuracy")]
     assert 0.5 < tuned[0]["mean"] <= 1.0 and len(tuned[0]["seeds"]) == 2  # scripts tell apart
+    score = _script_task(tmp_path / "script-score", regression=True)
+    assert finetune.main([str(run["std-0"]), "--task", str(score), "--seeds", "1"]) == 0
+    tuned = json.loads((run["std-0"] / "finetune" / "finetune.json").read_text())["results"]
+    assert tuned[0]["metric"] == "pearson" and -1.0 <= tuned[0]["mean"] <= 1.0
     argv = [str(run["spec-opt"]), "--source", "synth-greek", "--task", str(which_script)]
     once, again = (
         finetune.run(finetune.parse_args([*argv, "--seeds", "1", "--epochs", "1"]))
