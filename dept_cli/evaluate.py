@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -44,7 +43,6 @@ from dept_cli.harness import (
 )
 from server_app.report import dumps
 
-log = logging.getLogger("eval")
 BASELINE_MODEL = "model"  # in a comparison's STD/ACT run folder: its final model, exported
 EVAL_DIR = "eval"
 EVAL_FILE = "eval.json"
@@ -166,7 +164,7 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
         if not args.no_bits_per_byte:
             tasks += stream_tasks(finished, model, eval_dir / "data", eval_bytes)
         tasks += args.tasks
-        log.info("eval: %s on %d tasks (%s)", model.name, len(tasks), device)
+        print(f"dept eval: {model.name} on {len(tasks)} tasks ({device})", flush=True)
         results = evaluate_folder(
             model.folder,
             tasks,

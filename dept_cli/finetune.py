@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -195,22 +196,32 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     device = resolve_device(args.device)
     max_length = args.max_length or finished.cfg.seq_len
     rows = []
+    seeds = range(args.seed, args.seed + args.seeds)
+    total, done, started = len(finished.models) * len(tasks) * len(seeds), 0, time.perf_counter()
     for model in finished.models:
         for task in tasks:
-            seeds = range(args.seed, args.seed + args.seeds)
-            scores = [
-                finetune(
-                    model.folder,
-                    task,
-                    seed=seed,
-                    epochs=args.epochs,
-                    lr=args.lr,
-                    batch_size=args.batch_size,
-                    max_length=max_length,
-                    device=device,
+            scores = []
+            for seed in seeds:
+                scores.append(
+                    finetune(
+                        model.folder,
+                        task,
+                        seed=seed,
+                        epochs=args.epochs,
+                        lr=args.lr,
+                        batch_size=args.batch_size,
+                        max_length=max_length,
+                        device=device,
+                    )
                 )
-                for seed in seeds
-            ]
+                done += 1
+                elapsed = time.perf_counter() - started
+                print(
+                    f"[{done}/{total}] {model.name} on {task.name}, seed {seed}: "
+                    f"{task.metric} {scores[-1][task.metric]:.4f} ({elapsed / 60:.1f} min "
+                    f"elapsed, ETA {elapsed / done * (total - done) / 60:.1f} min)",
+                    flush=True,
+                )
             values = [s[task.metric] for s in scores]
             rows.append(
                 {
