@@ -5,7 +5,7 @@
 
 A task is a folder in the GLUE formats: ``train.jsonl`` and ``test.jsonl`` (or
 ``validation.jsonl``), one example a line, with ``sentence`` (or ``sentence1`` and
-``sentence2``, joined by the model's end-of-document token) and ``label``: whole numbers
+``sentence2``, joined by ``--pair-separator``) and ``label``: whole numbers
 make a classification scored by accuracy, other numbers a regression scored by Pearson's r.
 Each model ``dept eval`` would score (a source's, the global one, a baseline's) gets a fresh
 head and trains with its body on the train split for ``--epochs``, then scores the test
@@ -96,37 +96,42 @@ def _read_split(path: Path) -> list[tuple[tuple[str, ...], float]]:
     return examples
 
 
+@dataclass(frozen=True)
+class Tuning:
+    """How every model is fine-tuned."""
+
+    epochs: int
+    lr: float
+    batch_size: int
+    max_length: int  # tokens per example
+    separator: str  # between a pair's two sentences
+    device: torch.device
+
+
 def _batches(
     examples: list[tuple[tuple[str, ...], float]],
     tokenizer: PreTrainedTokenizerBase,
-    batch_size: int,
-    max_length: int,
     order: np.ndarray,
+    tuning: Tuning,
 ) -> list[tuple[dict[str, torch.Tensor], torch.Tensor]]:
-    """Padded batches in ``order``: a pair's sentences joined by the end-of-document token."""
-    eos = tokenizer.eos_token or ""
+    """Padded batches in ``order``, a pair's sentences joined by the separator, on the
+    device."""
     out = []
-    for start in range(0, len(order), batch_size):
-        chosen = [examples[i] for i in order[start : start + batch_size]]
-        texts = [eos.join(texts) for texts, _ in chosen]
+    for start in range(0, len(order), tuning.batch_size):
+        chosen = [examples[i] for i in order[start : start + tuning.batch_size]]
         encoded = tokenizer(
-            texts, padding=True, truncation=True, max_length=max_length, return_tensors="pt"
+            [tuning.separator.join(texts) for texts, _ in chosen],
+            padding=True,
+            truncation=True,
+            max_length=tuning.max_length,
+            return_tensors="pt",
         )
-        out.append((dict(encoded), torch.tensor([label for _, label in chosen])))
+        inputs = {k: v.to(tuning.device) for k, v in encoded.items()}
+        out.append((inputs, torch.tensor([label for _, label in chosen])))
     return out
 
 
-def finetune(
-    folder: Path,
-    task: Task,
-    *,
-    seed: int,
-    epochs: int,
-    lr: float,
-    batch_size: int,
-    max_length: int,
-    device: torch.device,
-) -> dict[str, float]:
+def finetune(folder: Path, task: Task, seed: int, tuning: Tuning) -> dict[str, float]:
     """Fine-tune the model in ``folder`` with a fresh head on ``task``'s train split; its
     test score and last epoch's mean training loss."""
     torch.manual_seed(seed)
@@ -140,44 +145,38 @@ def finetune(
             folder,
             num_labels=task.num_labels,
             problem_type="regression" if task.regression else "single_label_classification",
-        ).to(device)
+        ).to(tuning.device)
     finally:
         hf_logging.set_verbosity(verbosity)
     model.config.pad_token_id = tokenizer.pad_token_id
-    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=tuning.lr, weight_decay=0.0)
     losses: list[float] = []
-    for _ in range(epochs):
+    for _ in range(tuning.epochs):
         model.train()
         losses = []
         order = rng.permutation(len(task.train))
-        for inputs, labels in _batches(task.train, tokenizer, batch_size, max_length, order):
+        for inputs, labels in _batches(task.train, tokenizer, order, tuning):
             target = labels.float() if task.regression else labels.long()
-            loss = model(**_to(inputs, device), labels=target.to(device)).loss
+            loss = model(**inputs, labels=target.to(tuning.device)).loss
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             optimizer.step()
             losses.append(loss.item())
     return {
-        task.metric: _score(model, tokenizer, task, batch_size, max_length, device),
+        task.metric: _score(model, tokenizer, task, tuning),
         "train_loss": float(np.mean(losses)) if losses else math.nan,
     }
 
 
 @torch.no_grad()
 def _score(
-    model: torch.nn.Module,
-    tokenizer: PreTrainedTokenizerBase,
-    task: Task,
-    batch_size: int,
-    max_length: int,
-    device: torch.device,
+    model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, task: Task, tuning: Tuning
 ) -> float:
     model.eval()
     predicted, wanted = [], []
-    order = np.arange(len(task.test))
-    for inputs, labels in _batches(task.test, tokenizer, batch_size, max_length, order):
-        logits = model(**_to(inputs, device)).logits.float().cpu()
+    for inputs, labels in _batches(task.test, tokenizer, np.arange(len(task.test)), tuning):
+        logits = model(**inputs).logits.float().cpu()
         predicted.append(logits[:, 0] if task.regression else logits.argmax(-1).float())
         wanted.append(labels)
     got, want = torch.cat(predicted).numpy(), torch.cat(wanted).numpy()
@@ -186,15 +185,18 @@ def _score(
     return float((got == want).mean())
 
 
-def _to(inputs: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
-    return {k: v.to(device) for k, v in inputs.items()}
-
-
 def run(args: argparse.Namespace) -> dict[str, Any]:
     tasks = [load_task(folder) for folder in args.task]  # every task checked before training
     finished = finished_models(args)
     device = resolve_device(args.device)
-    max_length = args.max_length or finished.cfg.seq_len
+    tuning = Tuning(
+        args.epochs,
+        args.lr,
+        args.batch_size,
+        args.max_length or finished.cfg.seq_len,
+        args.pair_separator.replace("\\n", "\n").replace("\\t", "\t"),
+        device,
+    )
     rows = []
     seeds = range(args.seed, args.seed + args.seeds)
     total, done, started = len(finished.models) * len(tasks) * len(seeds), 0, time.perf_counter()
@@ -202,18 +204,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         for task in tasks:
             scores = []
             for seed in seeds:
-                scores.append(
-                    finetune(
-                        model.folder,
-                        task,
-                        seed=seed,
-                        epochs=args.epochs,
-                        lr=args.lr,
-                        batch_size=args.batch_size,
-                        max_length=max_length,
-                        device=device,
-                    )
-                )
+                scores.append(finetune(model.folder, task, seed, tuning))
                 done += 1
                 elapsed = time.perf_counter() - started
                 print(
@@ -237,7 +228,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return {
         "run_dir": str(args.run_dir),
         "variant": finished.cfg.variant,
-        "max_length": max_length,
+        "max_length": tuning.max_length,
+        "pair_separator": tuning.separator,
         "device": str(device),
         **settings,
         "results": rows,
@@ -274,6 +266,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--lr", type=float, default=1e-4)
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--max-length", type=int, help="tokens per example (default: seq-len)")
+    parser.add_argument(
+        "--pair-separator",
+        default="\\n",
+        help="between a pair's sentences (\\n and \\t read as newline and tab)",
+    )
     args = parser.parse_args(argv)
     for name in ("seeds", "epochs", "batch_size"):
         if getattr(args, name) < 1:
