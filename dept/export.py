@@ -102,7 +102,7 @@ def export_source(
         raise ConfigError(
             f"source {source!r} is not in the run's sources ({', '.join(s.name for s in specs)})"
         )
-    root = state_dir or _state_root(run.cfg)
+    root = state_dir or state_root(run.cfg)
     client = SourceClient(
         run.cfg, spec, Workspace(root, run.run_id, spec.name), specs, global_tokenizer_file
     )
@@ -142,7 +142,7 @@ def export_global(
             f"variant {run.cfg.variant!r} has no global embeddings: only {with_global} runs "
             "have a global model; export a source instead (--source NAME)"
         )
-    root = state_dir or _state_root(run.cfg)
+    root = state_dir or state_root(run.cfg)
     path = global_tokenizer_file or global_tokenizer(
         run_sources(run.cfg), run.cfg.global_vocab_size, root / "cache", run.cfg.seed
     )
@@ -217,7 +217,8 @@ def check_destination(out: Path, force: bool) -> None:
         )
 
 
-def _state_root(cfg: DeptConfig) -> Path:
+def state_root(cfg: DeptConfig) -> Path:
+    """Where a run's sources keep their state: its ``state-dir``, else the shared default."""
     return resolve_path(cfg.state_dir) if cfg.state_dir else default_state_root()
 
 

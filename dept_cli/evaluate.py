@@ -30,9 +30,8 @@ from dept.cli_help import HelpFormatter
 from dept.config import ConfigError, DeptConfig, load_config
 from dept.data.corpus import load_source_text
 from dept.data.sources import SourceSpec, run_sources
-from dept.export import export_global, export_source, load_run
+from dept.export import export_global, export_source, load_run, state_root
 from dept.model.variants import variant
-from dept.paths import default_state_root, resolve_path
 from dept.train.devices import resolve_device
 from dept_cli.compare_resume import PLAN_FILE, RESULT_FILE
 from dept_cli.harness import (
@@ -83,9 +82,7 @@ def federated_models(
     unknown = [s for s in sources if s not in names]
     if unknown:
         raise ConfigError(f"source {unknown[0]!r} is not in the run's sources ({', '.join(names)})")
-    root = state_dir or (
-        resolve_path(run.cfg.state_dir) if run.cfg.state_dir else default_state_root()
-    )
+    root = state_dir or state_root(run.cfg)
     exports = run_dir / EVAL_DIR / "models"
     scores = {n: s["val_bpb"] for n, s in run.summary.get("sources", {}).items()}
     models = []
@@ -110,7 +107,7 @@ def baseline_models(run_dir: Path) -> FinishedModels:
     specs = run_sources(cfg)
     scores = {n: s["val_bpb"] for n, s in result["sources"].items()}
     model = Model(str(result.get("method", "std")), run_dir / BASELINE_MODEL, list(scores), scores)
-    return FinishedModels(cfg, specs, resolve_path(cfg.state_dir), [model])
+    return FinishedModels(cfg, specs, state_root(cfg), [model])
 
 
 def finished_models(args: argparse.Namespace) -> FinishedModels:
