@@ -79,10 +79,10 @@ def agreements(by_tensor: Iterable[np.ndarray], weights: np.ndarray) -> np.ndarr
     return np.where(counts > 0, sums / np.maximum(counts, 1), math.nan)
 
 
-def smoothed(agreement: np.ndarray, before: np.ndarray) -> np.ndarray:
+def smoothed(agreement: np.ndarray | float, before: np.ndarray | float) -> np.ndarray:
     """Each update's agreement averaged with its source's smoothed one of the rounds
     before (NaN: none), halving the past's weight every round."""
-    return np.where(np.isfinite(before), (before + agreement) / 2, agreement)
+    return np.where(np.isfinite(before), (np.asarray(before) + agreement) / 2, agreement)
 
 
 def screen_directions(

@@ -24,7 +24,7 @@ from flwr.app import Message
 
 from dept_strategy.aggregate import RunningMean, combine
 from dept_strategy.diagnostics import Gram, gram, round_diagnostics, theta_and_phi, update_norms
-from dept_strategy.direction import screen_directions
+from dept_strategy.direction import screen_directions, smoothed
 from dept_strategy.fragments import FragmentBook
 from dept_strategy.history import RunHistory
 from dept_strategy.inflight import InFlight
@@ -187,7 +187,7 @@ class RoundCombining:
         for number, record in sorted(self.history.rounds.items()):
             found = record.agreement.get(source)
             if number < server_round and found is not None and math.isfinite(found):
-                value = found if math.isnan(value) else (value + found) / 2
+                value = float(smoothed(found, value))
         return value
 
     def _diagnose(
