@@ -216,9 +216,12 @@ def table(report: dict[str, Any]) -> Table:
     return out
 
 
-def add_model_arguments(parser: argparse.ArgumentParser) -> None:
-    """Which of a run's models a command takes (:func:`finished_models`): ``dept eval``'s
-    and ``dept finetune``'s."""
+def models_parser(prog: str, description: str, epilog: str) -> argparse.ArgumentParser:
+    """A command's parser with the arguments that choose a run's models
+    (:func:`finished_models`): ``dept eval``'s and ``dept finetune``'s."""
+    parser = argparse.ArgumentParser(
+        prog=prog, description=description, epilog=epilog, formatter_class=HelpFormatter
+    )
     parser.add_argument("run_dir", type=Path, help="a run's output-dir, or a dept compare run")
     parser.add_argument(
         "--source", action="append", help="this source's model (repeat; default: every source)"
@@ -231,16 +234,13 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--state-dir", type=Path, help="the run's state root, if not its own")
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N, mps")
+    return parser
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        prog="dept eval",
-        description="Evaluate a finished run's models with lm-evaluation-harness.",
-        epilog=EXAMPLES,
-        formatter_class=HelpFormatter,
+    parser = models_parser(
+        "dept eval", "Evaluate a finished run's models with lm-evaluation-harness.", EXAMPLES
     )
-    add_model_arguments(parser)
     parser.add_argument(
         "--tasks",
         type=lambda s: [t for t in s.split(",") if t],

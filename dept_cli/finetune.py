@@ -19,6 +19,7 @@ import argparse
 import json
 import math
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,10 +30,9 @@ from rich.table import Table
 from transformers import AutoModelForSequenceClassification, AutoTokenizer, PreTrainedTokenizerBase
 from transformers.utils import logging as hf_logging
 
-from dept.cli_help import HelpFormatter
 from dept.config import ConfigError
 from dept.train.devices import resolve_device
-from dept_cli.evaluate import add_model_arguments, finished_models, report_on
+from dept_cli.evaluate import finished_models, models_parser, report_on
 
 TEST_SPLITS = ("test.jsonl", "validation.jsonl")
 TEXT_FIELDS = (("sentence1", "sentence2"), ("sentence",))
@@ -113,10 +113,9 @@ def _batches(
     tokenizer: PreTrainedTokenizerBase,
     order: np.ndarray,
     tuning: Tuning,
-) -> list[tuple[dict[str, torch.Tensor], torch.Tensor]]:
+) -> Iterator[tuple[dict[str, torch.Tensor], torch.Tensor]]:
     """Padded batches in ``order``, a pair's sentences joined by the separator, on the
-    device."""
-    out = []
+    device one at a time."""
     for start in range(0, len(order), tuning.batch_size):
         chosen = [examples[i] for i in order[start : start + tuning.batch_size]]
         encoded = tokenizer(
@@ -127,8 +126,7 @@ def _batches(
             return_tensors="pt",
         )
         inputs = {k: v.to(tuning.device) for k, v in encoded.items()}
-        out.append((inputs, torch.tensor([label for _, label in chosen])))
-    return out
+        yield inputs, torch.tensor([label for _, label in chosen])
 
 
 def finetune(folder: Path, task: Task, seed: int, tuning: Tuning) -> dict[str, float]:
@@ -250,13 +248,11 @@ def table(report: dict[str, Any]) -> Table:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        prog="dept finetune",
-        description="Fine-tune a finished run's models with a task head; test scores per seed.",
-        epilog=EXAMPLES,
-        formatter_class=HelpFormatter,
+    parser = models_parser(
+        "dept finetune",
+        "Fine-tune a finished run's models with a task head; test scores per seed.",
+        EXAMPLES,
     )
-    add_model_arguments(parser)
     parser.add_argument(
         "--task", type=Path, action="append", required=True, help="a task folder (repeat)"
     )

@@ -139,8 +139,7 @@ def build_tasks(
             files[f"{task}/{split}.jsonl"] = hashlib.sha256(path.read_bytes()).hexdigest()
     manifest: dict[str, object] = {
         "sources_file": str(sources_file),
-        "sources": sorted(chunks),
-        "which_source_labels": sorted(chunks),
+        "which_source_labels": sorted(chunks),  # the sources, label 0 first
         "chunk_bytes": CHUNK_BYTES,
         "test_share": TEST_SHARE,
         "seed": seed,
