@@ -36,6 +36,7 @@ def render(result: dict[str, Any]) -> str:
     final = result["final"]
     lines.append(
         f"final avg bpb {final['avg_val_bpb']:.4f}, fault-free {final['reference_avg_val_bpb']:.4f}"
+        f", fault-free after as many rounds {final['expected_avg_val_bpb']:.4f}"
         f" ({final['relative_bpb_gap']:+.3%}); body rel. L2 {final['body_relative_l2']:.2e}; "
         f"{len(result['faults'])} faults in {result['wall_s']:.0f} s"
     )

@@ -192,12 +192,22 @@ def test_a_short_soak_of_ten_faults_loses_nothing(tmp_path: Path) -> None:
     assert not any(result["checks"].values()), result["checks"]
 
 
-def _finished_run(folder: Path, final: dict[str, float], paired_average: float) -> Path:
-    """A run folder as the soak reads it: summary.json and the last round's tensors."""
+def _finished_run(
+    folder: Path,
+    final: dict[str, float],
+    paired_average: float,
+    rounds: list[dict[str, dict[str, float]]] | None = None,
+) -> Path:
+    """A run folder as the soak reads it: summary.json, metrics.jsonl (``rounds``: each
+    round's sources, with tokens where it trained; by default one round, all trained) and
+    the last round's tensors."""
     sources = {name: {"val_bpb": value} for name, value in final.items()}
     summary = {"sources": sources, "avg_val_bpb": paired_average}
     (folder / "summary.json").parent.mkdir(parents=True)
     (folder / "summary.json").write_text(json.dumps(summary))
+    lines = rounds or [{s: {"tokens": 1, "val_bpb": v} for s, v in final.items()}]
+    metrics = [json.dumps({"round": r + 1, "sources": line}) for r, line in enumerate(lines)]
+    (folder / "metrics.jsonl").write_text("\n".join(metrics) + "\n")
     round_dir = folder / "checkpoints" / "round-0003"
     round_dir.mkdir(parents=True)
     save_file({"w": torch.ones(3)}, str(round_dir / "tensors.safetensors"))
@@ -218,3 +228,35 @@ def test_the_soak_compares_the_same_sources_final_figures_as_the_reference(
     assert broken == []
     assert figures["relative_bpb_gap"] == 0.0
     assert figures["avg_val_bpb"] == figures["reference_avg_val_bpb"] == 2.0
+
+
+@pytest.mark.parametrize(("lost_source_final", "holds"), [(3.05, True), (3.4, False)])
+def test_a_source_that_lost_rounds_is_held_to_the_fault_free_figure_after_as_many(
+    tmp_path: Path, lost_source_final: float, holds: bool
+) -> None:
+    # Prepare: in the fault-free run both sources train three rounds. In the soak "a" was
+    # cut off after its first; a resumed server rewrote round 2, whose first line (a lineage
+    # the resume dropped) counts for nothing.
+    trained = [{"a": 3.0, "b": 2.0}, {"a": 2.5, "b": 1.8}, {"a": 2.0, "b": 1.6}]
+    reference_rounds = [{s: {"tokens": 1, "val_bpb": v} for s, v in r.items()} for r in trained]
+    final = {"a": lost_source_final, "b": 1.6}
+    soak_rounds = [
+        {"a": {"tokens": 1, "val_bpb": 3.0}, "b": {"tokens": 1, "val_bpb": 2.0}},
+        {"a": {"tokens": 1, "val_bpb": 2.5}, "b": {"tokens": 1, "val_bpb": 1.8}},
+        {"a": {"tokens": 0, "val_bpb": 3.0}, "b": {"tokens": 1, "val_bpb": 1.8}},
+        {"a": {"tokens": 0, "val_bpb": 3.0}, "b": {"tokens": 1, "val_bpb": 1.6}},
+    ]
+    reference = _finished_run(tmp_path / "reference", trained[-1], 1.8, reference_rounds)
+    soak = _finished_run(tmp_path / "soak", final, 1.8, soak_rounds)
+    lines = (soak / "metrics.jsonl").read_text().splitlines()
+    renumbered = [
+        json.loads(line) | {"round": n} for line, n in zip(lines, [1, 2, 2, 3], strict=True)
+    ]
+    (soak / "metrics.jsonl").write_text("\n".join(map(json.dumps, renumbered)) + "\n")
+    # Execute
+    figures, broken = soak_checks.compare(soak, reference, exact=False)
+    # Assert
+    assert figures["rounds_trained"] == {"a": 1, "b": 3}
+    assert figures["expected_val_bpb"] == {"a": 3.0, "b": 1.6}
+    assert figures["relative_bpb_gap"] == pytest.approx((lost_source_final + 1.6) / 4.6 - 1)
+    assert (broken == []) is holds, broken
