@@ -50,6 +50,16 @@ def common_arguments(parser: argparse.ArgumentParser, name: str, quick: str) -> 
     parser.add_argument("--work", type=Path, default=Path(f"outputs/bench/{name}"))
 
 
+def parse_quick(
+    parser: argparse.ArgumentParser, argv: list[str] | None, **quick: Any
+) -> argparse.Namespace:
+    """Parse ``argv``; with ``--quick``, ``quick``'s values are the defaults instead, so
+    that an option given beside ``--quick`` still holds (``--quick --repeats 1``)."""
+    if parser.parse_args(argv).quick:
+        parser.set_defaults(**quick)
+    return parser.parse_args(argv)
+
+
 def result_header(name: str, args: argparse.Namespace, threads: int | None) -> dict[str, Any]:
     """What every result JSON starts with: which benchmark, its settings, the machine."""
     settings = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}

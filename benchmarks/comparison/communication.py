@@ -31,6 +31,7 @@ import torch
 from benchmarks.measure import (
     common_arguments,
     corpora_run_config,
+    parse_quick,
     print_table,
     result_header,
     write_outputs,
@@ -203,10 +204,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--local-steps", type=int, default=2, help="bytes do not depend on it")
     parser.add_argument("--ddp-steps", type=int, default=25, help="local steps DDP would sync")
     common_arguments(parser, "communication", "the debug model")
-    args = parser.parse_args(argv)
-    if args.quick:
-        args.model = "debug"
-    return args
+    return parse_quick(parser, argv, model="debug")
 
 
 if __name__ == "__main__":

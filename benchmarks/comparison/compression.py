@@ -29,7 +29,7 @@ from typing import Any
 
 from flwr.common.config import parse_config_args
 
-from benchmarks.measure import plot_lines
+from benchmarks.measure import parse_quick, plot_lines
 from dept.cli_help import add_run_config_option
 from dept.config import ConfigError, DeptConfig, load_config, to_run_config
 from dept.data.sources import SourceSpec, check_source_paths, load_sources, write_sources
@@ -327,10 +327,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--quick", action="store_true", help="debug model, 2 synthetic sources, 2 short rounds"
     )
-    args = parser.parse_args(argv)
-    if args.quick:
-        args.model, args.rounds, args.local_steps, args.eval_bytes = "debug", 2, 4, 4096
-        args.global_vocab_size, args.warmup_steps = 600, 2
+    quick = {"model": "debug", "rounds": 2, "local_steps": 4, "eval_bytes": 4096}
+    args = parse_quick(parser, argv, global_vocab_size=600, warmup_steps=2, **quick)
     args.sources = args.sources or (QUICK_SOURCES if args.quick else DEFAULT_SOURCES)
     unknown = sorted(s for s in args.settings if split_label(s)[0] not in SETTINGS)
     if unknown or "none" not in args.settings:

@@ -62,6 +62,7 @@ from benchmarks.measure import (
     CORPORA,
     PROJECT,
     common_arguments,
+    parse_quick,
     print_table,
     result_header,
     write_outputs,
@@ -346,10 +347,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=[a + s for a in DEFAULT_ATTACKS for s in ("", DEFENDED)],
         help="labels, comma-separated (default: the six, each without and with +direction)",
     )
-    args = parser.parse_args(argv)
+    quick = {"model": "debug", "rounds": 2, "local_steps": 4, "eval_bytes": 4096}
+    args = parse_quick(parser, argv, **quick)
     args.culprit = args.culprit or CULPRITS[args.sources]
-    if args.quick:
-        args.model, args.rounds, args.local_steps, args.eval_bytes = "debug", 2, 4, 4096
     return args
 
 

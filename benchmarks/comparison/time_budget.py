@@ -32,6 +32,7 @@ from benchmarks.comparison.compression import prepare
 from benchmarks.measure import (
     common_arguments,
     corpora_run_config,
+    parse_quick,
     print_table,
     result_header,
     write_outputs,
@@ -175,10 +176,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--max-local-steps", type=int, default=0, help="0: 2 x local steps")
     common_arguments(parser, "time-budget", "debug model, 2 rounds of 6 steps")
-    args = parser.parse_args(argv)
-    if args.quick:
-        args.model, args.rounds, args.local_steps, args.eval_bytes = "debug", 2, 6, 4096
-        args.seq_len, args.step_delay_s = 16, 0.2
+    quick = {"model": "debug", "rounds": 2, "local_steps": 6, "eval_bytes": 4096}
+    args = parse_quick(parser, argv, seq_len=16, step_delay_s=0.2, **quick)
     if len(args.sources.split(",")) != 2:
         parser.error("--sources takes two sources: the second node is the slowed one")
     args.max_local_steps = args.max_local_steps or 2 * args.local_steps

@@ -44,6 +44,7 @@ from benchmarks.measure import (
     corpora_run_config,
     interleave,
     median_of,
+    parse_quick,
     print_table,
     result_header,
     write_outputs,
@@ -255,10 +256,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--flwr-rounds", type=int, default=3)
     parser.add_argument("--no-flwr", dest="flwr", action="store_false", help="skip flwr run")
     common_arguments(parser, "client-overhead", "debug model, 5 steps, 2 repeats")
-    args = parser.parse_args(argv)
-    if args.quick:
-        args.model, args.local_steps, args.repeats, args.flwr_rounds = "debug", 5, 2, 2
-    return args
+    return parse_quick(parser, argv, model="debug", local_steps=5, repeats=2, flwr_rounds=2)
 
 
 if __name__ == "__main__":

@@ -36,7 +36,13 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from flwr.common.constant import FLWR_PRIVATE_MAX_ARRAY_CHUNK_SIZE
 
-from benchmarks.measure import common_arguments, print_table, result_header, write_outputs
+from benchmarks.measure import (
+    common_arguments,
+    parse_quick,
+    print_table,
+    result_header,
+    write_outputs,
+)
 from dept.certificates import make_certificates
 from dept.model.families import body_parameters, build_model, count_params
 from tests.deploy import gateway
@@ -191,9 +197,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--calls", type=int, default=300, help="signed get-run calls per arm")
     parser.add_argument("--repeats", type=int, default=3, help="replies per arm")
     parser.add_argument("--reply-mb", type=int, default=0, help="reply size (0: llama:350m)")
-    args = parser.parse_args(argv)
-    if args.quick:
-        args.calls, args.repeats, args.reply_mb = 30, 1, 100
+    args = parse_quick(parser, argv, calls=30, repeats=1, reply_mb=100)
     with tempfile.TemporaryDirectory(prefix="dept-gateway-bench-") as folder:
         measured = run(args, Path(folder))
     rows, flat = summarise(measured)

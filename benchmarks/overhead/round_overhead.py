@@ -33,6 +33,7 @@ import torch
 from benchmarks.measure import (
     common_arguments,
     corpora_run_config,
+    parse_quick,
     print_table,
     result_header,
     write_outputs,
@@ -172,11 +173,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--eval-bytes", type=int, default=65536, help="the app's default")
     common_arguments(parser, "round-overhead", "debug model, 2 sources, 5 steps")
-    args = parser.parse_args(argv)
-    if args.quick:
-        args.model, args.local_steps, args.rounds, args.eval_bytes = "debug", 5, 2, 4096
-        args.sources = ",".join(args.sources.split(",")[:2])
-    return args
+    quick = {"model": "debug", "local_steps": 5, "rounds": 2, "eval_bytes": 4096}
+    sources = parser.get_default("sources")
+    return parse_quick(parser, argv, sources=",".join(sources.split(",")[:2]), **quick)
 
 
 if __name__ == "__main__":

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.overhead.client_overhead import main
+from benchmarks.overhead.client_overhead import main, parse_args
 from tests.helpers import corpus
 
 
@@ -34,3 +34,11 @@ def test_flwr_run_arm(tmp_path: Path) -> None:
 
     assert result["arms"]["flwr-run"]["tokens_per_s"] > 0
     assert result["met"]["flwr-run"] in (True, False)
+
+
+def test_an_option_given_beside_quick_holds() -> None:
+    args = parse_args(["--quick", "--repeats", "1", "--flwr-rounds", "1"])
+
+    assert (args.repeats, args.flwr_rounds) == (1, 1), "given, so kept"
+    assert (args.model, args.local_steps) == ("debug", 5), "the quick defaults"
+    assert parse_args([]).repeats == 3, "without --quick, the full run's"
