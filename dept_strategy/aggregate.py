@@ -15,7 +15,9 @@ TRIM's φ rows are always the row-wise weighted mean over the sources that sent 
 reported as frozen so the outer step leaves it where it is.
 
 Memory, above the body and the outer optimizer's state: the mean holds one body-sized
-float32 sum while replies arrive, plus the reply being read; the robust rules need every
+float32 sum while replies arrive, plus the reply being read (``server-memory=lean``: the sum
+is made from the spool once the last reply is in, so only one of the two exists at a
+time, at the cost of reading every reply back); the robust rules need every
 reply, so they read them back from the round's spool (:mod:`dept_strategy.spool`) a chunk
 of coordinates at a time into one body-sized result. A reply the screening clips or drops
 is only known once the round is in; the mean is then refolded from the spool into the same
@@ -144,15 +146,15 @@ def combine(
     row tensor).
 
     ``running``: for ``mean``, the mean the replies were folded into as they arrived; what
-    it lacks of ``accepted`` is folded in from the spool (:meth:`RunningMean.complete`)."""
+    it lacks of ``accepted`` is folded in from the spool (:meth:`RunningMean.complete`).
+    None: the whole mean is folded from the spool here (``server-memory=lean``)."""
     if rule not in RULES:
         raise ValueError(f"aggregation rule must be one of {RULES}, got {rule!r}")
     if not accepted:
         raise ValueError("nothing to combine")
     if rule != "mean":
         return _robust(accepted, shapes, row_tensors, rule, trim_fraction)
-    if running is None:
-        raise ValueError("the mean is combined from the round's running mean")
+    running = running or RunningMean(shapes, row_tensors)
     running.complete(accepted)
     return running.result()
 

@@ -66,9 +66,10 @@ class RoundCombining:
         )
         sampled = len(self.in_flight.sources())  # fixed before any reply: central DP's n
         with RoundSpool(self._spool(server_round)) as spool:
+            fold_as_they_come = rule == "mean" and self.settings.server_memory == "fast"
             running = (
                 RunningMean(shapes, self.embedding_names, self.in_flight.sources())
-                if rule == "mean"
+                if fold_as_they_come
                 else None
             )
             intake = Intake(
@@ -101,9 +102,10 @@ class RoundCombining:
             # the running mean was folded in that order as far as arrivals allowed.
             combined = [a.spooled for a in _by_source(accepted)]
             privacy = self.settings.privacy
-            if privacy.on and running is not None:  # the settings allow DP with the mean only
+            if privacy.on:  # the settings allow DP with the mean only
                 combined = self._clipped_for_privacy(server_round, combined, sampled)
-                running.refold(combined)
+                if running is not None:  # its weights change: one each
+                    running.refold(combined)
             delta, frozen_rows = combine(
                 combined,
                 shapes,

@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dept.config import COMPRESSIONS, privacy_conflict
+from dept.config import COMPRESSIONS, SERVER_MEMORIES, privacy_conflict
 from dept.wire.compression import TOPK_DENSITY
 from dept_strategy.privacy import CentralPrivacy
 from dept_strategy.screening import Defences
@@ -39,6 +39,7 @@ class StrategySettings:
     compression: str = "none"  # (compression): how clients encode what they send up
     topk_density: float = TOPK_DENSITY  # (topk-density)
     spool_dir: Path | None = None  # where a round's replies wait (default: a temporary folder)
+    server_memory: str = "fast"  # (server-memory): lean folds the mean from the spool at the end
     defences: Defences = field(default_factory=Defences)  # how replies are screened, combined
     privacy: CentralPrivacy = field(default_factory=CentralPrivacy)  # central DP, off by default
     pinned: dict[str, bytes] | None = None  # source -> the node key that may serve it
@@ -62,6 +63,8 @@ class StrategySettings:
             raise ValueError(f"local_steps must be >= 1, got {self.local_steps}")
         if self.compression not in COMPRESSIONS:
             raise ValueError(f"compression must be one of {COMPRESSIONS}, got {self.compression!r}")
+        if self.server_memory not in SERVER_MEMORIES:
+            raise ValueError(f"server_memory must be one of {SERVER_MEMORIES}")
         if not 0 < self.topk_density <= 1:
             raise ValueError(f"topk_density must be in (0, 1], got {self.topk_density}")
         if self.privacy.on:

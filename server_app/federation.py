@@ -219,6 +219,7 @@ def _build_strategy(cfg: DeptConfig, run_id: str, *, simulation: bool) -> DeptSt
         compression=cfg.compression,
         topk_density=cfg.topk_density,
         spool_dir=resolve_path(cfg.output_dir) / SPOOL_DIR,
+        server_memory=cfg.server_memory,
         defences=defences,
         privacy=CentralPrivacy(cfg.dp_noise_multiplier, cfg.dp_clip_norm, cfg.dp_delta),
         pinned=load_source_keys(resolve_path(pins)) if pins else None,

@@ -13,12 +13,14 @@ from typing import Literal, TypeVar, get_args
 CompressionName = Literal["none", "fp16", "int8", "int4", "int2", "ternary", "topk"]  # Δ's trip up
 AggregationName = Literal["mean", "trimmed-mean", "median"]  # how a round's updates combine
 OutlierAction = Literal["clip", "reject"]  # what becomes of an update too large to be honest
+ServerMemory = Literal["fast", "lean"]  # whether a round's mean is folded as replies arrive
 DataParallelName = Literal["ddp", "fsdp"]  # how a source with nproc > 1 splits its training
 InnerName = Literal["adamw", "sgd"]  # a source's local optimizer (dept.train.local builds it)
 # Tuples for the code that checks a value outside the schema.
 COMPRESSIONS: tuple[CompressionName, ...] = get_args(CompressionName)
 AGGREGATIONS: tuple[AggregationName, ...] = get_args(AggregationName)
 OUTLIER_ACTIONS: tuple[OutlierAction, ...] = get_args(OutlierAction)
+SERVER_MEMORIES: tuple[ServerMemory, ...] = get_args(ServerMemory)
 DEVICE_PATTERN = re.compile(r"auto|cpu|mps|cuda(:[0-9]+)?")  # dept.train.devices resolves it
 MAX_VOCAB_SIZE = 1 << 20  # larger vocabularies are not trained here (a typo, not a plan)
 T = TypeVar("T")

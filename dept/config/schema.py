@@ -15,6 +15,7 @@ from dept.config.names import (
     DataParallelName,
     InnerName,
     OutlierAction,
+    ServerMemory,
     doc,
 )
 from dept.model.outer_optimizers import OUTER_OPTIMIZERS, OuterName
@@ -143,6 +144,14 @@ class DeptConfig:
         "coordinate, the mean without the trim-fraction largest and smallest), median (per "
         "coordinate); the robust rules count each source once and apply to θ and glob's φ; "
         "trim's rows stay the row-wise mean",
+    )
+    server_memory: ServerMemory = doc(
+        "fast",
+        "how the server's mean is made: fast folds each reply into a body-sized running mean "
+        "as it arrives (one body more beside θ and the outer state while replies come in); "
+        "lean folds the mean from the round's spool once the last reply is in (at most one "
+        "body more, the round ending later by one read of its replies: for 1.3b bodies on a "
+        "small server); the body comes out the same",
     )
     outlier_action: OutlierAction = doc(
         "clip",
