@@ -2,10 +2,12 @@
 to the right node and source.
 
 Replies are matched by ``reply_to_message_id`` (the grid writes the message id into each
-sent message): a node may serve several sources, and an error reply made by the SuperLink
-(node gone, reply expired) carries the SuperLink's id as its sender, not the node's. A reply
-to a message that was not sent in this exchange (unsolicited), or to one already answered (a
-duplicate), is credited to nobody: :meth:`InFlight.claim` says why.
+sent message's metadata, which is all that is kept of it: the content, a serialised body of
+up to 4.9 GB at 1.3b, is let go once the grid has sent it): a node may serve several
+sources, and an error reply made by the SuperLink (node gone, reply expired) carries the
+SuperLink's id as its sender, not the node's. A reply to a message that was not sent in this
+exchange (unsolicited), or to one already answered (a duplicate), is credited to nobody:
+:meth:`InFlight.claim` says why.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from flwr.app import Message
+from flwr.app import Message, Metadata
 
 
 @dataclass(frozen=True)
@@ -26,12 +28,12 @@ class InFlight:
     """The messages of one send-and-receive, by message id once they are sent."""
 
     def __init__(self) -> None:
-        self._sent: list[tuple[Message, Target]] = []
+        self._sent: list[tuple[Metadata, Target]] = []
         self._index: dict[str, Target] | None = None  # built once the ids exist
         self._answered: set[str] = set()
 
     def track(self, message: Message, target: Target) -> None:
-        self._sent.append((message, target))
+        self._sent.append((message.metadata, target))
         self._index = None
 
     def sources(self) -> list[str]:
@@ -40,7 +42,7 @@ class InFlight:
 
     def _by_id(self) -> dict[str, Target]:
         if self._index is None or len(self._index) < len(self._sent):  # ids appear on send
-            self._index = {m.metadata.message_id: t for m, t in self._sent if m.metadata.message_id}
+            self._index = {m.message_id: t for m, t in self._sent if m.message_id}
         return self._index
 
     def target_of(self, reply: Message) -> Target | None:

@@ -1,9 +1,10 @@
 """Replies handed over as they arrive, not all at once.
 
 ``Grid.send_and_receive`` returns a round's replies together, so a server aggregating N
-pseudo-gradients would hold N bodies at once. Pulling in a loop and yielding each reply as it
-comes lets the strategy add it to its running mean and drop it: the server holds the replies
-that arrived within one poll, not the round's. Nodes that hold a reply back are nudged
+pseudo-gradients would hold N bodies at once. Pulling in a loop, one message's reply per pull,
+and yielding each as it comes lets the strategy add it to its running mean (or spool) and drop
+it before the next is pulled: the server holds one reply, however many arrived within a poll.
+The messages themselves are let go once pushed. Nodes that hold a reply back are nudged
 (:mod:`server_app.nudges`).
 """
 
@@ -38,13 +39,14 @@ def replies_as_they_arrive(
         nudges.pushed(grid, set(node_of.values()))
     deadline = time.monotonic() + timeout
     while waiting:
-        batch = list(grid.pull_messages(waiting))
-        waiting.difference_update(r.metadata.reply_to_message_id for r in batch)
-        if nudges is not None:
-            for reply in batch:
-                nudges.replied(node_of[reply.metadata.reply_to_message_id])
-        while batch:
-            yield batch.pop(0)  # the batch lets go of each reply once it is handed over
+        for message_id in sorted(waiting):
+            batch = list(grid.pull_messages([message_id]))  # one reply in memory at a time
+            while batch:
+                answered = batch[0].metadata.reply_to_message_id
+                waiting.discard(answered)
+                if nudges is not None:
+                    nudges.replied(node_of[answered])
+                yield batch.pop(0)  # nothing here holds it once handed over
         if not waiting or time.monotonic() >= deadline:
             return
         if nudges is not None:

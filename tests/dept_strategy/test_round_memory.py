@@ -51,8 +51,8 @@ def _traced_peak(replies: int, rule: str, poisoned: bool, memory: str, tmp_path)
     [
         ("mean", False, "fast", 2.2),
         ("mean", True, "fast", 2.2),
-        ("mean", False, "lean", 1.15),
-        ("mean", True, "lean", 1.15),
+        ("mean", False, "lean", 1.2),
+        ("mean", True, "lean", 1.2),
         ("median", False, "fast", 1.3),
     ],
 )

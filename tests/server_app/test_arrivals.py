@@ -37,10 +37,29 @@ class TrickleGrid:
 
     def pull_messages(self, ids: Iterable[str]) -> list[Message]:
         self.pulls += 1
-        if not self.pending:
-            return []
-        msg = self.pending.pop(0)
-        return [Message(RecordDict({"c": ConfigRecord({"n": 1})}), reply_to=msg)]
+        asked = set(ids)
+        found = [m for m in self.pending if m.metadata.message_id in asked][:1]
+        for msg in found:
+            self.pending.remove(msg)
+        return [Message(RecordDict({"c": ConfigRecord({"n": 1})}), reply_to=m) for m in found]
+
+
+class AllInGrid(TrickleGrid):
+    """Every reply is in by the first poll, each one made (and watched) when it is pulled."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.made: list[weakref.ref] = []
+
+    def pull_messages(self, ids: Iterable[str]) -> list[Message]:
+        replies = [
+            Message(RecordDict({"c": ConfigRecord({"n": 1})}), reply_to=m)
+            for m in self.pending
+            if m.metadata.message_id in set(ids)
+        ]
+        self.pending = [m for m in self.pending if m.metadata.message_id not in set(ids)]
+        self.made += [weakref.ref(r) for r in replies]
+        return replies
 
 
 def _messages(n: int) -> list[Message]:
@@ -57,6 +76,34 @@ def test_each_reply_is_yielded_as_it_arrives_and_can_be_dropped() -> None:
     assert gone() is None, "the stream keeps no reference to a reply it handed over"
     rest = [r.metadata.reply_to_message_id for r in stream]
     assert rest == ["m1", "m2"] and grid.pulls == 3
+
+
+def test_replies_that_all_arrived_together_are_held_one_at_a_time() -> None:
+    grid = AllInGrid()
+    alive_at_each = []
+    for reply in replies_as_they_arrive(grid, _messages(4), timeout=10, poll_s=0):
+        alive_at_each.append(sum(ref() is not None for ref in grid.made))
+        del reply
+    assert alive_at_each == [1, 1, 1, 1], "the one being handed over, never the poll's"
+
+
+def test_a_sent_messages_content_is_let_go_once_pushed() -> None:
+    from dept_strategy.inflight import InFlight, Target
+
+    grid, in_flight = TrickleGrid(), InFlight()
+    messages = _messages(2)
+    for n in range(2):
+        in_flight.track(messages[n], Target(n + 1, f"s{n}"))
+    contents = [weakref.ref(m.content) for m in messages]
+    stream = replies_as_they_arrive(grid, messages, timeout=10, poll_s=0)
+    del messages
+    first = next(stream)  # pushed; the grid keeps its own pending copies here, so pull them
+    assert in_flight.claim(first) == (Target(1, "s0"), "")
+    del first
+    rest = list(stream)
+    assert [in_flight.claim(r)[0] for r in rest] == [Target(2, "s1")]
+    del rest
+    assert all(ref() is None for ref in contents), "in flight keeps the ids, not the bodies"
 
 
 def test_waiting_stops_at_the_timeout_with_what_arrived() -> None:

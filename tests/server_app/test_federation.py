@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import gc
 import json
+import weakref
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -16,6 +19,7 @@ from dept.state.lock import LOCK_FILE
 from dept.state.workspace import init_embeddings
 from dept.wire import keys
 from dept_strategy.discovery import NotEnoughNodes
+from dept_strategy.strategy import DeptStrategy
 from server_app.federation import run_federation
 from server_app.local_grid import LocalGrid
 from server_app.run_status import ERROR_LOG, STATUS_FILE, read_status
@@ -213,3 +217,38 @@ def test_a_source_with_missing_data_fails_the_start_naming_it(tmp_path: Path) ->
     assert written == {LOCK_FILE, STATUS_FILE, ERROR_LOG}
     status = read_status(tmp_path / "out", 0)
     assert status is not None and status.state == "failed" and "'gone'" in status.error
+
+
+def test_a_round_is_aggregated_without_the_body_it_sent(
+    tmp_path: Path, node_cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Prepare: watch every serialised copy of the shared tensors the ServerApp makes
+    made: list[weakref.ref] = []
+    serialise, aggregate = DeptStrategy.shared_tensors, DeptStrategy.aggregate_train
+
+    def watched_serialise(self: DeptStrategy) -> Any:
+        record = serialise(self)
+        made.append(weakref.ref(record))
+        return record
+
+    alive_at_first_reply: list[int] = []
+
+    def watched_aggregate(self: DeptStrategy, server_round: int, replies: Any) -> Any:
+        def first_watched() -> Any:
+            for number, reply in enumerate(replies):
+                if number == 0:  # the messages are sent: nothing should hold what they carried
+                    gc.collect()
+                    alive_at_first_reply.append(sum(ref() is not None for ref in made))
+                yield reply
+
+        return aggregate(self, server_round, first_watched())
+
+    monkeypatch.setattr(DeptStrategy, "shared_tensors", watched_serialise)
+    monkeypatch.setattr(DeptStrategy, "aggregate_train", watched_aggregate)
+    run_config = debug_run_config(tmp_path, node_cache, **{"local-steps": 2})
+    nodes = [{"partition-id": i, "num-partitions": 2} for i in range(2)]
+    # Execute
+    run_federation(LocalGrid(client_app, nodes, run_config), run_config)
+    # Assert: each round's training messages were sent, then let go with their body
+    assert alive_at_first_reply == [0, 0], alive_at_first_reply
+    assert len(made) >= 4, "a copy for each round's training and evaluation"
