@@ -28,12 +28,14 @@ def test_server_scaling_quick(tmp_path: Path) -> None:
     out = tmp_path / "out"
 
     argv = ["--sizes", "3e5", "--replies", "3", "--out", str(out), "--spool", str(tmp_path)]
-    assert main([*argv, "--modes", "mean-clipped"]) == 0  # the mean, refolded from the spool
+    # the mean, refolded from the spool (fast), or made from it at the end (lean)
+    assert main([*argv, "--modes", "mean-clipped", "--server-memory", "fast,lean"]) == 0
 
     result = json.loads((out / "server_scaling.json").read_text())
-    runs = {r["path"]: r for r in result["runs"]}
-    assert set(runs) == {"streamed", "strategy"}
-    assert runs["strategy"]["held_x_body"] > 2.9  # the replies held before the round
-    assert runs["streamed"]["held_x_body"] == 0
+    runs = {(r["path"], r["memory"]): r for r in result["runs"]}
+    assert set(runs) == {(p, m) for p in ("streamed", "strategy") for m in ("fast", "lean")}
+    assert runs["strategy", "fast"]["held_x_body"] > 2.9  # the replies held before the round
+    assert runs["streamed", "fast"]["held_x_body"] == 0
     assert all(r["clipped"] == 1 and 0 < r["traced_x_body"] < 3 for r in runs.values())
-    assert isinstance(result["met"], bool)
+    assert runs["streamed", "lean"]["traced_x_body"] < runs["streamed", "fast"]["traced_x_body"]
+    assert isinstance(result["met"], bool) and len(result["resident_met"]) == 4
