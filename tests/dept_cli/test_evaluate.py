@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks.comparison import downstream
 from dept_cli import compare, evaluate, finetune
 from dept_cli.harness import _metrics, _stream_results, stream_task_name, validation_stream
 from tests.dept_cli.test_finetune import write_task
@@ -174,11 +175,35 @@ def test_lm_eval_scores_every_methods_models_as_their_runs_did(
         for _ in range(2)
     )
     assert once["results"] == again["results"]
+    # the downstream comparison: the global model, CPT for SPEC-OPT, a baseline's own model
+    _the_downstream_comparison_fine_tunes_each_body(tmp_path, run)
     # what cannot be evaluated is named
     with pytest.raises(SystemExit, match="'synth-cyrillic' is not in the run's"):
         evaluate.main([str(run["spec-opt"]), "--source", "synth-cyrillic"])
     with pytest.raises(SystemExit, match="baseline run: one model covers every source"):
         evaluate.main([str(run["std-0"]), "--global"])
+
+
+def _the_downstream_comparison_fine_tunes_each_body(tmp_path: Path, run: dict[str, Path]) -> None:
+    tasks = tmp_path / "downstream-tasks"
+    _script_task(tasks / "which-script")
+    _script_task(tasks / "script-score", regression=True)
+    out = tmp_path / "downstream"
+    argv = ["--tasks", str(tasks), "--out", str(out), "--work", str(tmp_path / "work")]
+    argv += ["--seeds", "2", "--epochs", "1", "--cpt-steps", "2"]
+    bodies = [f"--run={m}={run[m]}" for m in ("trim", "spec-opt", "std-0")]
+
+    assert downstream.main([*argv, *bodies]) == 0
+
+    result = json.loads((out / "downstream.json").read_text())
+    made = {m["body"]: m for m in result["models"]}
+    assert made["trim"]["made"] == "the global model" and made["std-0"]["made"] == "the run's model"
+    assert made["spec-opt"]["made"].startswith("CPT") and made["spec-opt"]["cpt_tokens"] > 0
+    assert made["trim"]["cpt_tokens"] == made["std-0"]["cpt_tokens"] == 0
+    assert len(result["runs"]) == 3 * 2 * 2  # bodies x tasks x seeds
+    assert set(result["cells"]["trim"]) == {"which-script", "script-score", "mean over tasks"}
+    which = [r["score"] for r in result["runs"] if r["task"] == "which-script"]
+    assert all(0.0 <= s <= 1.0 for s in which) and (out / "downstream.png").is_file()
 
 
 def test_a_folder_without_a_finished_run_is_named(tmp_path: Path) -> None:
