@@ -5,10 +5,13 @@ would import torch, transformers and datasets and rebuild the source (model, tok
 token shards) each time. This process does that once and then serves message after
 message over a Unix socket (:mod:`client_app.channel`, :mod:`client_app.warm`); its
 :func:`client_app.tasks._set_up` cache is keyed by run, source, run config and node
-config, so a new run or config builds anew. It keeps nothing the disk does not have: the
-source reads φ_k, its optimizer and its stream position from the state directory on every
-call, so killing it loses nothing. A source with ``nproc`` > 1 launches its ranks from
-here (:mod:`dept.train.distributed`), on its main thread, one task at a time.
+config, so a new run or config builds anew. A source's round state (φ_k, its optimizer, its
+stream position) is written behind the reply and kept in memory for the next round
+(:mod:`dept.state.write_behind`), whose call waits for the files before it reads it. Killing
+the worker once a state is written loses nothing; killing it in the moments between a train
+reply and the end of that write costs the source that round's state (it says so). A
+source with ``nproc`` > 1 launches its ranks from here (:mod:`dept.train.distributed`), on
+its main thread, one task at a time.
 
 Started by the first message (``warm-worker=true``, the default in deployment), or by the
 operator beside the SuperNode::
@@ -50,6 +53,7 @@ from client_app.warm import (
     socket_address,
 )
 from dept.logs import drop_misleading_notices, route_to
+from dept.state.workspace import Workspace
 
 log = logging.getLogger("client_app.worker")  # run as __main__: name it, or route_to misses it
 REQUEST_S = 60.0  # a caller that connects must send its request within this
@@ -65,6 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     route_to(FLOWER_LOGGER.name)
     drop_misleading_notices(FLOWER_LOGGER.name)
     folder = private_folder(Path(args.folder))
+    Workspace.write_behind = True  # this process lives across rounds (module docstring)
     with file_lock(folder / LIFE_LOCK, blocking=False) as mine:
         if not mine:
             log.info("warm worker: another one serves %s", folder)

@@ -36,12 +36,17 @@ BPB_TOLERANCE = 0.05
 TEMPORARY = (".tmp-", ".spool", ".mode-probe-")
 
 
+# Faults that can cost a source its newest state: a corrupted file, or a worker killed while it
+# wrote the state behind a reply (dept.state.write_behind).
+STATE_LOSING = (faults.CLIENT_STATE, faults.WORKER)
+
+
 def unexplained_state_events(summary: dict[str, Any], injected: list[Fault]) -> list[str]:
-    """State events (fresh starts, older-state fallbacks) with no corruption of that
+    """State events (fresh starts, older-state fallbacks) with no fault that can lose that
     source's state injected before that round."""
     corrupted: dict[str, list[int]] = {}
     for fault in injected:
-        if fault.kind == faults.CLIENT_STATE:
+        if fault.kind in STATE_LOSING:
             corrupted.setdefault(fault.target, []).append(fault.done_before)
     found = []
     for problem in summary["problems"]:

@@ -30,6 +30,7 @@ source can report it.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import pickle
@@ -54,6 +55,7 @@ from dept.data.vocab import ensure_tokenizer
 from dept.model.families import INIT_STD
 from dept.model.variants import variant
 from dept.state.files import file_sha256, save_tensors
+from dept.state.write_behind import WriteBehind
 
 EMBEDDINGS_FILE = "embeddings.safetensors"
 OPTIMIZER_FILE = "optimizer.pt"
@@ -86,14 +88,23 @@ def cache_dir(root: Path) -> Path:
 class Workspace:
     """The node-local folders of one source in one run."""
 
+    # Set by the node's warm worker (client_app.worker), a long-lived process: states are
+    # written behind the reply and kept in memory for the next round (dept.state.write_behind).
+    write_behind = False
+
     def __init__(self, root: Path, run_id: str, source: str) -> None:
         self.root = root
         self.cache = cache_dir(root)
         self.dir = root / "runs" / run_id / source
         self.dir.mkdir(parents=True, exist_ok=True)
+        self._behind: WriteBehind[SourceState] = WriteBehind()
 
     def load_state(
-        self, before_round: int, attempt: Attempt | None = None, required: tuple[str, ...] = ()
+        self,
+        before_round: int,
+        attempt: Attempt | None = None,
+        required: tuple[str, ...] = (),
+        consume: bool = False,
     ) -> FoundState:
         """The newest usable state saved after a round before ``before_round`` (None before
         the source's first round, or when every kept state is unusable), and why newer
@@ -104,8 +115,18 @@ class Workspace:
         attempt, comes from a crashed server's round that is being re-run, so it is dropped.
         ``required``: files a complete state has (e.g. ``EMBEDDINGS_FILE``, ``OPTIMIZER_FILE``
         where the run keeps them); a state without one of them is passed over.
+
+        A state written behind (:attr:`write_behind`) is waited for, then given from memory
+        where it is the one the disk would give; ``consume``: the caller changes its tensors
+        in place (the optimizer's moments), so the next load reads the files.
         """
-        unusable: list[str] = []
+        failed = self._behind.wait()
+        unusable = [f"the newest state could not be written: {failed}"] if failed else []
+        kept = self._behind.kept
+        if kept is not None and self._kept_is_newest(kept, before_round, attempt):
+            if consume:
+                self._behind.take()
+            return FoundState(kept)
         for server_round in reversed([r for r in self._saved_rounds() if r < before_round]):
             folder = self._round_dir(server_round)
             try:
@@ -157,8 +178,31 @@ class Workspace:
             body_versions=tuple(progress.get("body_versions", ())),
         )
 
+    def _kept_is_newest(
+        self, kept: SourceState, before_round: int, attempt: Attempt | None
+    ) -> bool:
+        """Whether the state kept in memory is the one the files would give now."""
+        saved = [r for r in self._saved_rounds() if r < before_round]
+        if not saved or saved[-1] != kept.server_round:
+            return False
+        return (
+            attempt is None
+            or kept.server_round <= attempt.resumed_after
+            or kept.attempt == attempt.id
+        )
+
     def save_state(self, server_round: int, state: SourceState) -> None:
-        """Write the state after ``server_round`` (atomically), keep the last few."""
+        """Write the state after ``server_round`` (atomically), keep the last few. With
+        :attr:`write_behind` the files are written by a thread while the caller goes on (a
+        worker killed before they are complete loses this round's state: the next round
+        falls back to the one before and says so)."""
+        if not self.write_behind:
+            self._write_state(server_round, state)
+            return
+        write = functools.partial(self._write_state, server_round, state)
+        self._behind.start(write, state, name=f"state-{self.dir.name}-{server_round}")
+
+    def _write_state(self, server_round: int, state: SourceState) -> None:
         tmp = self.dir / f".tmp-round-{server_round:04d}"
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)

@@ -163,10 +163,14 @@ class SourceClient:
         check_all_loaded(model, [*whole.values(), *kept.values(), *whole_rows])
         return model
 
-    def state(self, before_round: int, attempt: Attempt | None = None) -> FoundState:
+    def state(
+        self, before_round: int, attempt: Attempt | None = None, consume: bool = False
+    ) -> FoundState:
         """The source's newest usable saved state before ``before_round``, checked to belong
-        to the tokenizer in use (a changed tokenizer is an error, not a damaged state)."""
-        found = self.ws.load_state(before_round, attempt, required_state_files(self.cfg))
+        to the tokenizer in use (a changed tokenizer is an error, not a damaged state);
+        ``consume``: training will change its tensors in place."""
+        required = required_state_files(self.cfg)
+        found = self.ws.load_state(before_round, attempt, required, consume=consume)
         if found.state is not None and found.state.tokenizer != self.tokenizer_digest:
             raise ValueError(
                 f"source {self.spec.name!r}: the state in {self.ws.dir} was trained for another "
@@ -233,7 +237,7 @@ class SourceClient:
             )
             return self._with_drift(result, arrays, server_round, attempt) if drift else result
         ranks = ranks or OneProcess()
-        found = self.state(server_round, attempt)
+        found = self.state(server_round, attempt, consume=True)  # AdamW's moments change
         event = self.state_event(found, server_round, last_trained)
         state = found.state
         check_same_device(self.cfg, self.spec.name, state, self.device.type)
