@@ -23,11 +23,16 @@ settings below), on every task of ``--tasks`` (each a folder of train/test JSONL
 seeds ``--seed`` ... ``--seed + --seeds - 1``. Writes ``downstream.json`` (every seed's score),
 ``downstream.csv``, ``downstream.txt`` (mean ± standard deviation per body and task, and the
 mean over tasks) and ``downstream.png`` to ``--out``; progress lines give an ETA.
+
+A stopped comparison resumes when run again: each fine-tuning's row is kept under ``--work``
+with what made it (the body's folder, the model's making, the task's data, the settings) and
+reused only where all of these match, and a CPT model is reused where its run and steps do.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import logging
 import time
@@ -90,8 +95,15 @@ def prepare(body: Body, work: Path, cpt_steps: int) -> Prepared:
     if variant(run.cfg.variant).shares_embeddings:
         export_global(run_dir, folder, force=True)
         return Prepared(body, folder, "the global model", 0, tokens, run.cfg.seq_len)
-    extra = continued_pretraining(run.cfg, run.body, folder, cpt_steps, body.label)
     made = f"CPT: fresh global-tokenizer embeddings, {cpt_steps} steps"
+    marker = folder / "cpt.json"
+    wanted = {"run_dir": str(run_dir), "cpt_steps": cpt_steps}
+    done = json.loads(marker.read_text()) if marker.is_file() else {}
+    if {k: done.get(k) for k in wanted} == wanted and (folder / "config.json").is_file():
+        extra = int(done["tokens"])  # made by an earlier invocation
+    else:
+        extra = continued_pretraining(run.cfg, run.body, folder, cpt_steps, body.label)
+        marker.write_text(json.dumps({**wanted, "tokens": extra}))
     return Prepared(body, folder, made, extra, tokens, run.cfg.seq_len)
 
 
@@ -132,15 +144,41 @@ def continued_pretraining(cfg: DeptConfig, body: dict, out: Path, steps: int, la
     return run.tokens_trained
 
 
+def _row_key(model: Prepared, task: Task, seed: int, tuning: Tuning) -> str:
+    """What a fine-tuning's row depends on, as a digest: a kept row is reused only where
+    this is the same."""
+    data = json.dumps([task.train, task.test], sort_keys=True).encode()
+    made = {
+        "run_dir": str(model.body.run_dir),
+        "made": model.made,
+        "task": task.name,
+        "data": hashlib.sha256(data).hexdigest(),
+        "seed": seed,
+        "tuning": [str(v) for v in vars(tuning).values()],
+    }
+    return hashlib.sha256(json.dumps(made, sort_keys=True).encode()).hexdigest()
+
+
 def fine_tune_all(
-    prepared: list[Prepared], tasks: list[Task], seeds: range, tuning: Tuning
+    prepared: list[Prepared], tasks: list[Task], seeds: range, tuning: Tuning, work: Path
 ) -> list[dict[str, Any]]:
-    """Every model on every task with every seed; one row per (model, task, seed)."""
+    """Every model on every task with every seed; one row per (model, task, seed), each
+    kept under ``work/rows`` and reused by a later invocation where nothing it depends on
+    changed."""
     rows = []
     total, started = len(prepared) * len(tasks) * len(seeds), time.perf_counter()
+    kept = work / "rows"
+    kept.mkdir(parents=True, exist_ok=True)
+    reused = 0
     for model in prepared:
         for task in tasks:
             for seed in seeds:
+                key = _row_key(model, task, seed, tuning)
+                path = kept / f"{key}.json"
+                if path.is_file():
+                    rows.append(json.loads(path.read_text()))
+                    reused += 1
+                    continue
                 began = time.perf_counter()
                 scores = finetune(model.folder, task, seed, tuning)
                 rows.append(
@@ -154,11 +192,12 @@ def fine_tune_all(
                         "seconds": time.perf_counter() - began,
                     }
                 )
+                path.write_text(json.dumps(rows[-1]))
                 elapsed = time.perf_counter() - started
                 print(
                     f"[{len(rows)}/{total}] {model.body.label} on {task.name}, seed {seed}: "
                     f"{task.metric} {scores[task.metric]:.4f} ({elapsed / 60:.1f} min elapsed, "
-                    f"ETA {elapsed / len(rows) * (total - len(rows)) / 60:.1f} min)",
+                    f"ETA {elapsed / (len(rows) - reused) * (total - len(rows)) / 60:.1f} min)",
                     flush=True,
                 )
     return rows
@@ -266,7 +305,8 @@ def main(argv: list[str] | None = None) -> int:
         args.pair_separator,
         resolve_device(args.device),
     )
-    rows = fine_tune_all(prepared, tasks, range(args.seed, args.seed + args.seeds), tuning)
+    seeds = range(args.seed, args.seed + args.seeds)
+    rows = fine_tune_all(prepared, tasks, seeds, tuning, work)
     result = summarise(args, prepared, tasks, rows)
     write_outputs(out, "downstream", result, rows)
     plot(out, result)

@@ -204,6 +204,12 @@ def _the_downstream_comparison_fine_tunes_each_body(tmp_path: Path, run: dict[st
     assert set(result["cells"]["trim"]) == {"which-script", "script-score", "mean over tasks"}
     which = [r["score"] for r in result["runs"] if r["task"] == "which-script"]
     assert all(0.0 <= s <= 1.0 for s in which) and (out / "downstream.png").is_file()
+    # run again: every fine-tuning and the CPT model are reused, not redone
+    cpt_model = tmp_path / "work" / "models" / "spec-opt" / "model.safetensors"
+    made_at = cpt_model.stat().st_mtime_ns
+    assert downstream.main([*argv, *bodies]) == 0
+    again = json.loads((out / "downstream.json").read_text())
+    assert again["runs"] == result["runs"] and cpt_model.stat().st_mtime_ns == made_at
 
 
 def test_a_folder_without_a_finished_run_is_named(tmp_path: Path) -> None:
