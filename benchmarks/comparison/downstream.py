@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 
 from benchmarks.measure import print_table, result_header, write_outputs
 from dept.config import ConfigError, DeptConfig, load_config, to_run_config
@@ -247,7 +248,7 @@ def summarise(
         "task_dirs": [str(p) for p in args.task_dirs],
     }
     return {
-        **result_header("downstream", argparse.Namespace(**{**vars(args), **named}), None),
+        **result_header("downstream", argparse.Namespace(**{**vars(args), **named}), args.threads),
         "table": table,
         "cells": cells,
         "models": [
@@ -294,6 +295,7 @@ def plot(out: Path, result: dict[str, Any]) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
+    torch.set_num_threads(args.threads)
     tasks = [load_task(folder) for folder in args.task_dirs]  # checked before any training
     out, work = resolve_path(args.out), resolve_path(args.work)
     prepared = [prepare(body, work, args.cpt_steps) for body in args.run]
@@ -347,6 +349,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--pair-separator", default="\n")
     parser.add_argument("--device", default="auto")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch threads: more than the free cores slows every step (20x seen on 2 busy ones)",
+    )
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/downstream"))
     parser.add_argument("--work", type=Path, default=Path("outputs/bench/downstream"))
     args = parser.parse_args(argv)
