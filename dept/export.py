@@ -33,7 +33,7 @@ from safetensors.torch import load_file
 from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerFast
 
 from dept.cli_help import HelpFormatter
-from dept.config import ConfigError, DeptConfig, load_config
+from dept.config import ConfigError, DeptConfig, load_config, to_run_config
 from dept.data.sources import load_sources, run_sources
 from dept.data.vocab import check_fits, load_tokenizer
 from dept.model.families import (
@@ -49,6 +49,8 @@ from dept.paths import default_state_root, resolve_path
 from dept.state.files import new_file_mode
 from dept.state.workspace import Workspace, global_tokenizer, replace_dir
 from dept.train.source_client import SourceClient
+
+RUN_CONFIG_FILE = "dept-run-config.json"  # in a model folder: the run config it trained with
 
 
 @dataclass
@@ -170,13 +172,31 @@ def export_baseline(
     """Write a baseline's (STD, ACT) model, trained on the run's global tokenizer, to ``out``,
     replacing an earlier one: ``dept eval`` and ``transformers`` load it like an export."""
     path = global_tokenizer(run_sources(cfg), cfg.global_vocab_size, state_root / "cache", cfg.seed)
-    tokenizer = load_tokenizer(path)
-    unused = list(range(len(tokenizer), cfg.global_vocab_size))
+    how = f"as the {name} baseline, one model on the mixture of the sources"
+    return export_trained(model, cfg, path, out, name=name, how=how, avg_bpb=avg_bpb)
+
+
+def export_trained(
+    model: PreTrainedModel,
+    cfg: DeptConfig,
+    tokenizer_file: Path,
+    out: Path,
+    *,
+    name: str,
+    how: str,
+    avg_bpb: float,
+) -> Path:
+    """Write a model trained outside the federation (a baseline, a body after continued
+    pre-training) with the tokenizer in ``tokenizer_file`` to ``out``; ``how``: how it
+    trained, for its README."""
+    tokenizer = load_tokenizer(tokenizer_file)
+    rows = embedding_parameters(model)  # the model has as many rows as the tokenizer, or more
+    unused = list(range(len(tokenizer), max(p.shape[0] for p in rows.values())))
     score = (
         "Validation bits per byte at the end of training, averaged over the run's sources: "
         f"{avg_bpb:.4f}.\n"
     )
-    _save(model, tokenizer, out, unused, cfg, "every source's model", score, trained=name)
+    _save(model, tokenizer, out, unused, cfg, "every source's model", score, trained=name, how=how)
     return out
 
 
@@ -261,9 +281,10 @@ def _save(
     what: str,
     score: str,
     trained: str = "",
+    how: str = "",
 ) -> None:
     """``score``: the README's sentence on the model's measured quality ("" for none);
-    ``trained``: how it trained, where not by DEPT (a baseline's name)."""
+    ``trained``: what trained it, where not DEPT (a baseline's name), and ``how``."""
     eos = tokenizer.eos_token_id
     model.config.eos_token_id = eos
     model.config.pad_token_id = eos
@@ -284,7 +305,6 @@ def _save(
         suppress_tokens=[i for i in suppressed if i != eos] or None,
         **length,
     )
-    how = f"as the {trained} baseline, one model on the mixture of the sources" if trained else ""
     readme = (
         f"# {trained or f'DEPT {cfg.variant}'}: {what}\n\n"
         f"{family.name} `{cfg.model}` model trained {how or 'with DEPT on Flower'} "
@@ -298,14 +318,20 @@ def _save(
             else ""
         )
     )
-    _write_folder(model, tokenizer, readme, out)
+    _write_folder(model, tokenizer, readme, out, cfg)
 
 
 def _write_folder(
-    model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast, readme: str, out: Path
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerFast,
+    readme: str,
+    out: Path,
+    cfg: DeptConfig,
 ) -> None:
     """The model folder, written beside ``out`` and renamed over it: an export that fails
-    leaves no half folder, and a replaced one keeps none of its old files."""
+    leaves no half folder, and a replaced one keeps none of its old files. The run config
+    goes with it (:data:`RUN_CONFIG_FILE`), so ``dept eval`` and ``dept finetune`` can take
+    the folder alone."""
     out = out.resolve()
     tmp = out.with_name(f".{out.name}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
@@ -313,6 +339,7 @@ def _write_folder(
     model.save_pretrained(tmp, safe_serialization=True)
     tokenizer.save_pretrained(tmp)
     (tmp / "README.md").write_text(readme)
+    (tmp / RUN_CONFIG_FILE).write_text(json.dumps(to_run_config(cfg), indent=2))
     mode = new_file_mode(tmp)  # safetensors writes its files 0600
     for path in tmp.iterdir():
         path.chmod(mode)

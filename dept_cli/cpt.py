@@ -5,27 +5,32 @@ same budget, learning rate and schedule: DEPT (``--variant``, federated, in proc
 (τ = 0.3, on the mixture with the global tokenizer). Then each body, and a freshly initialised
 one as the from-scratch reference, gets new embeddings for the held-out source's own
 tokenizer and is trained on that source alone, with validation bits per byte recorded every
-``--eval-every`` steps. Writes ``cpt.md``, ``cpt.json`` and ``cpt.png`` to ``--out``.
+``--eval-every`` steps. Writes ``cpt.md``, ``cpt.json`` and ``cpt.png`` to ``--out``, and each
+adapted model to ``--out``/models/<body> (a model folder ``transformers``, ``dept eval`` and
+``dept finetune`` load: the held-out source's tasks run on it).
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import re
 import time
 from pathlib import Path
 from typing import Any
 
 from safetensors.torch import load_file
+from transformers import PreTrainedModel
 
 from dept.cli_help import HelpFormatter, plain
 from dept.config import DeptConfig, load_config, to_run_config
 from dept.data.corpus import load_source_text
 from dept.data.sources import SourceSpec, check_source_paths, load_sources, write_sources
+from dept.export import export_trained
 from dept.model.variants import VARIANTS
 from dept.paths import resolve_path
 from dept.state.workspace import own_tokenizer
-from dept.train.baselines import BaselineRun, run_standard
+from dept.train.baselines import BaselineRound, BaselineRun, run_standard
 from dept_cli.in_process import federate_in_process
 from server_app.report import dumps
 
@@ -43,9 +48,16 @@ def pretrain_dept(cfg: DeptConfig) -> dict:
 
 
 def adapt(
-    cfg: DeptConfig, spec: SourceSpec, body: dict | None, name: str, steps: int, every: int
+    cfg: DeptConfig,
+    spec: SourceSpec,
+    body: dict | None,
+    name: str,
+    steps: int,
+    every: int,
+    model_dir: Path | None = None,
 ) -> BaselineRun:
-    """Fresh embeddings for ``spec``'s own tokenizer on ``body``; bpb every ``every`` steps."""
+    """Fresh embeddings for ``spec``'s own tokenizer on ``body``; bpb every ``every`` steps;
+    the adapted model saved to ``model_dir`` (where given) after the last."""
     root = resolve_path(cfg.state_dir)
     text = load_source_text(spec, root / "cache", cfg.seed)
     tokenizer = own_tokenizer(spec, text, root / "cache", cfg.seed)
@@ -57,6 +69,19 @@ def adapt(
             "local-steps": every,  # a warmup-steps longer than the steps is clamped
         }
     )
+    scores: list[float] = []
+
+    def say(record: BaselineRound) -> None:
+        scores.append(record.avg_val_bpb)
+        log.info("%s step %d: val bpb %.4f", name, record.global_step, record.avg_val_bpb)
+
+    def keep_final(server_round: int, model: PreTrainedModel) -> None:
+        if model_dir is not None and server_round == run_cfg.num_server_rounds:
+            how = f"by continued pre-training ({name}) on {spec.name}, its own tokenizer"
+            export_trained(
+                model, run_cfg, tokenizer, model_dir, name=name, how=how, avg_bpb=scores[-1]
+            )
+
     return run_standard(
         run_cfg,
         [spec],
@@ -66,8 +91,14 @@ def adapt(
         body=body,
         tokenizer_file=tokenizer,
         name=name,
-        on_round=lambda r: log.info("%s step %d: val bpb %.4f", name, r.global_step, r.avg_val_bpb),
+        on_round=say,
+        on_model=keep_final,
     )
+
+
+def model_folder_name(body: str) -> str:
+    """The folder an adapted body's model is written to: "STD τ=0.3 body" -> std-0.3-body."""
+    return re.sub(r"[^a-z0-9.]+", "-", body.lower()).strip("-")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -125,7 +156,8 @@ def main(argv: list[str] | None = None) -> int:
     adapt_cfg = load_config({**common, "sources-file": str(held_file), "lr": args.cpt_lr})
     curves = {}
     for name, body in bodies.items():
-        run = adapt(adapt_cfg, held[0], body, name, args.cpt_steps, args.eval_every)
+        folder = out / "models" / model_folder_name(name)
+        run = adapt(adapt_cfg, held[0], body, name, args.cpt_steps, args.eval_every, folder)
         curves[name] = [(r.global_step, r.avg_val_bpb) for r in run.rounds]
     write_outputs(out, args, curves, time.perf_counter() - started)
     print(f"wrote {out / 'cpt.md'}, cpt.json and cpt.png", flush=True)

@@ -30,7 +30,7 @@ from dept.cli_help import HelpFormatter
 from dept.config import ConfigError, DeptConfig, load_config
 from dept.data.corpus import load_source_text
 from dept.data.sources import SourceSpec, run_sources
-from dept.export import export_global, export_source, load_run, state_root
+from dept.export import RUN_CONFIG_FILE, export_global, export_source, load_run, state_root
 from dept.model.variants import variant
 from dept.train.devices import resolve_device
 from dept_cli.compare_resume import PLAN_FILE, RESULT_FILE
@@ -110,8 +110,19 @@ def baseline_models(run_dir: Path) -> FinishedModels:
     return FinishedModels(cfg, specs, state_root(cfg), [model])
 
 
+def folder_models(folder: Path) -> FinishedModels:
+    """A model folder an export wrote (``dept cpt``'s adapted models among them): one model,
+    on the sources of the run config written beside it."""
+    cfg = load_config(json.loads((folder / RUN_CONFIG_FILE).read_text()))
+    specs = run_sources(cfg)
+    return FinishedModels(
+        cfg, specs, state_root(cfg), [Model(folder.name, folder, [s.name for s in specs])]
+    )
+
+
 def finished_models(args: argparse.Namespace) -> FinishedModels:
-    """What ``args.run_dir`` holds: a federated run, or a comparison's baseline run."""
+    """What ``args.run_dir`` holds: a federated run, a comparison's baseline run, or a model
+    folder."""
     run_dir: Path = args.run_dir
     if (run_dir / BASELINE_MODEL / "config.json").is_file() and (run_dir / PLAN_FILE).is_file():
         if args.source or args.global_model:
@@ -127,9 +138,13 @@ def finished_models(args: argparse.Namespace) -> FinishedModels:
             "writes summary.json when it finishes"
         )
     if not (run_dir / "summary.json").is_file():
+        if (run_dir / RUN_CONFIG_FILE).is_file() and (run_dir / "config.json").is_file():
+            if args.source or args.global_model:
+                raise ConfigError(f"{run_dir} is one model: drop --source and --global")
+            return folder_models(run_dir)
         raise ConfigError(
             f"{run_dir} holds no finished run: give a run's output-dir (summary.json, "
-            "body.safetensors) or a dept compare run's folder"
+            "body.safetensors), a dept compare run's folder or an exported model's folder"
         )
     return federated_models(run_dir, args.source or [], args.global_model, args.state_dir)
 

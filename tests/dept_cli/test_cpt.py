@@ -15,7 +15,8 @@ from dept.data.vocab import load_tokenizer
 from dept.model.families import body_state, build_model
 from dept.state.workspace import own_tokenizer
 from dept.train.baselines import run_standard
-from dept_cli import cpt
+from dept_cli import cpt, evaluate, finetune
+from tests.dept_cli.test_finetune import write_task
 from tests.helpers import debug_run_config, share_cache, synthetic_sources
 
 
@@ -77,3 +78,18 @@ def test_cpt_benchmark_writes_curves_for_three_bodies(
         assert curve[-1][1] < curve[0][1]
     assert "synth-greek" in (out / "cpt.md").read_text()
     assert (out / "cpt.png").stat().st_size > 0
+    # each adapted model is a folder dept eval scores as the run did, and dept finetune tunes
+    assert {p.name for p in (out / "models").iterdir()} == set(map(cpt.model_folder_name, curves))
+    name = next(iter(curves))
+    adapted = out / "models" / cpt.model_folder_name(name)
+    report = evaluate.evaluate(evaluate.parse_args([str(adapted), "--device", "cpu"]))
+    (row,) = [r for r in report["results"] if r["task"].startswith("dept_stream_bpb")]
+    assert row["bits_per_byte"] == pytest.approx(curves[name][-1][1], rel=0.01)
+    task = write_task(
+        tmp_path / "task",
+        *[[{"sentence": f"{w} {i}", "label": i % 2} for i, w in enumerate(["α", "b"] * 8)]] * 2,
+    )
+    tuned = finetune.run(
+        finetune.parse_args([str(adapted), "--task", str(task), "--seeds", "1", "--epochs", "1"])
+    )
+    assert tuned["results"][0]["model"] == adapted.name
