@@ -46,9 +46,10 @@ import torch
 from benchmarks.measure import print_table, result_header, write_outputs
 from dept.config import ConfigError, DeptConfig, load_config, to_run_config
 from dept.data.sources import run_sources
-from dept.export import export_baseline, export_global, load_run, state_root
+from dept.export import export_global, export_trained, load_run, state_root
 from dept.model.variants import variant
 from dept.paths import resolve_path
+from dept.state.workspace import global_tokenizer
 from dept.train.devices import resolve_device
 from dept_cli.compare_resume import PLAN_FILE, RESULT_FILE
 from dept_cli.evaluate import BASELINE_MODEL
@@ -127,9 +128,13 @@ def continued_pretraining(cfg: DeptConfig, body: dict, out: Path, steps: int, la
         scores.append(record.avg_val_bpb)
         log.info("%s CPT step %d: avg val bpb %.4f", label, record.global_step, record.avg_val_bpb)
 
+    tokenizer = global_tokenizer(specs, cpt_cfg.global_vocab_size, root / "cache", cpt_cfg.seed)
+    how = f"by continued pre-training of the {label} body on its run's sources (τ = 0.3)"
+
     def keep_final(server_round: int, model: PreTrainedModel) -> None:
         if server_round == cpt_cfg.num_server_rounds:
-            export_baseline(model, cpt_cfg, root, out, name=f"{label} + CPT", avg_bpb=scores[-1])
+            name, score = f"{label} + CPT", scores[-1]
+            export_trained(model, cpt_cfg, tokenizer, out, name=name, how=how, avg_bpb=score)
 
     run = run_standard(
         cpt_cfg,
