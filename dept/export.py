@@ -187,15 +187,11 @@ def export_trained(
     avg_bpb: float,
 ) -> Path:
     """Write a model trained outside the federation (a baseline, a body after continued
-    pre-training) with the tokenizer in ``tokenizer_file`` to ``out``; ``how``: how it
-    trained, for its README."""
+    pre-training) with the tokenizer in ``tokenizer_file`` to ``out``; ``how``: for its README."""
     tokenizer = load_tokenizer(tokenizer_file)
     rows = embedding_parameters(model)  # the model has as many rows as the tokenizer, or more
     unused = list(range(len(tokenizer), max(p.shape[0] for p in rows.values())))
-    score = (
-        "Validation bits per byte at the end of training, averaged over the run's sources: "
-        f"{avg_bpb:.4f}.\n"
-    )
+    score = f"Validation bits per byte at the end, averaged over its sources: {avg_bpb:.4f}.\n"
     _save(model, tokenizer, out, unused, cfg, "every source's model", score, trained=name, how=how)
     return out
 
@@ -318,28 +314,25 @@ def _save(
             else ""
         )
     )
-    _write_folder(model, tokenizer, readme, out, cfg)
+    # the run config lets dept eval and dept finetune take the folder alone
+    config = json.dumps(to_run_config(cfg), indent=2)
+    _write_folder(model, tokenizer, {"README.md": readme, RUN_CONFIG_FILE: config}, out)
 
 
 def _write_folder(
-    model: PreTrainedModel,
-    tokenizer: PreTrainedTokenizerFast,
-    readme: str,
-    out: Path,
-    cfg: DeptConfig,
+    model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast, texts: dict[str, str], out: Path
 ) -> None:
-    """The model folder, written beside ``out`` and renamed over it: an export that fails
-    leaves no half folder, and a replaced one keeps none of its old files. The run config
-    goes with it (:data:`RUN_CONFIG_FILE`), so ``dept eval`` and ``dept finetune`` can take
-    the folder alone."""
+    """The model folder with ``texts`` (name: content) beside the model, written next to
+    ``out`` and renamed over it: an export that fails leaves no half folder, and a replaced
+    one keeps none of its old files."""
     out = out.resolve()
     tmp = out.with_name(f".{out.name}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     model.save_pretrained(tmp, safe_serialization=True)
     tokenizer.save_pretrained(tmp)
-    (tmp / "README.md").write_text(readme)
-    (tmp / RUN_CONFIG_FILE).write_text(json.dumps(to_run_config(cfg), indent=2))
+    for name, text in texts.items():
+        (tmp / name).write_text(text)
     mode = new_file_mode(tmp)  # safetensors writes its files 0600
     for path in tmp.iterdir():
         path.chmod(mode)

@@ -27,9 +27,8 @@ so the screening clips it and the mean is refolded from the spool; ``median`` an
 ``trimmed-mean``, which read every reply back from the spool. ``traced x body`` is the
 peak of what Python and NumPy allocated during the round (``tracemalloc``: deterministic,
 blind to torch's own allocations such as the outer step's temporaries). Each row is judged
-twice: traced against its memory's :data:`TARGETS`, and its resident peak against issue #34's
-goal for the whole server, at most a tenth more than what it held before (θ, the outer
-state) and one reply: ``peak <= 0.1 x state + 1 body``.
+traced against its memory's :data:`TARGETS` and resident against #34's goal for the server,
+``peak <= 0.1 x state (θ, the outer state) + 1 body``.
 """
 
 from __future__ import annotations
@@ -51,6 +50,7 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, Re
 from flwr.supercore.task_identity import TaskIdentity
 
 from benchmarks.measure import print_table, result_header, write_outputs
+from benchmarks.overhead.process_memory import available_gb, peak_rss_bytes, reset_peak, rss_bytes
 from dept.model.outer_optimizers import OUTER_OPTIMIZERS
 from dept.wire import keys
 from dept_strategy.inflight import Target
@@ -104,28 +104,6 @@ def body_shapes(params: float) -> dict[str, tuple[int, ...]]:
 def shapes_of(body: str) -> dict[str, tuple[int, ...]]:
     """A body named in :data:`PAPER_BODIES`, or a number of parameters (``3e5``)."""
     return llama_body(*PAPER_BODIES[body]) if body in PAPER_BODIES else body_shapes(float(body))
-
-
-def rss_bytes() -> int:
-    """Resident memory now (Linux)."""
-    return _status_kib("VmRSS") * 1024
-
-
-def peak_rss_bytes() -> int:
-    """The most resident memory since the last :func:`reset_peak` (Linux)."""
-    return _status_kib("VmHWM") * 1024
-
-
-def reset_peak() -> None:
-    """Start the peak again from now (Linux ≥ 4.0: writing 5 to clear_refs)."""
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")
-
-
-def _status_kib(field: str) -> int:
-    with open("/proc/self/status") as f:
-        line = next(line for line in f if line.startswith(field + ":"))
-    return int(line.split()[1])
 
 
 def make_instruction(node: int) -> Message:
@@ -276,13 +254,6 @@ def plans(args: argparse.Namespace) -> list[tuple[str, int, str, str, str]]:
                 if replies * body_gb <= args.hold_limit_gb:
                     out.append((body, replies, "strategy", mode, memory))
     return out
-
-
-def available_gb() -> float:
-    """Memory the machine can give now (Linux's MemAvailable), in GB."""
-    with open("/proc/meminfo") as f:
-        line = next(line for line in f if line.startswith("MemAvailable:"))
-    return int(line.split()[1]) * 1024 / 1e9
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -166,11 +166,9 @@ class SourceClient:
     def state(
         self, before_round: int, attempt: Attempt | None = None, consume: bool = False
     ) -> FoundState:
-        """The source's newest usable saved state before ``before_round``, checked to belong
-        to the tokenizer in use (a changed tokenizer is an error, not a damaged state);
-        ``consume``: training will change its tensors in place."""
-        required = required_state_files(self.cfg)
-        found = self.ws.load_state(before_round, attempt, required, consume=consume)
+        """The source's newest usable state before ``before_round``, of the tokenizer in use
+        (another is an error, not damage); ``consume``: training changes its tensors in place."""
+        found = self.ws.load_state(before_round, attempt, required_state_files(self.cfg), consume)
         if found.state is not None and found.state.tokenizer != self.tokenizer_digest:
             raise ValueError(
                 f"source {self.spec.name!r}: the state in {self.ws.dir} was trained for another "
