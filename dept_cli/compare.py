@@ -162,17 +162,16 @@ def _run_baseline(plan: Plan) -> dict[str, Any]:
     cfg = load_config(plan.run_config)
     specs = run_sources(cfg)
     state_root = resolve_path(cfg.state_dir)
-    scores: list[float] = []
 
     def say(record: BaselineRound) -> None:
-        scores.append(record.avg_val_bpb)
         log.info("round %d: avg val bpb %.4f", record.round, record.avg_val_bpb)
 
-    def keep_final(server_round: int, model: PreTrainedModel) -> None:
+    def keep_final(record: BaselineRound, model: PreTrainedModel) -> None:
         """The last round's model, as a folder ``dept eval`` reads (before ACT forgets)."""
-        if server_round == cfg.num_server_rounds:
+        if record.round == cfg.num_server_rounds:
             out = Path(plan.out_dir) / BASELINE_MODEL
-            export_baseline(model, cfg, state_root, out, name=baseline.title, avg_bpb=scores[-1])
+            score = record.avg_val_bpb
+            export_baseline(model, cfg, state_root, out, name=baseline.title, avg_bpb=score)
 
     run = run_standard(
         cfg,

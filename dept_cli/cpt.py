@@ -69,18 +69,12 @@ def adapt(
             "local-steps": every,  # a warmup-steps longer than the steps is clamped
         }
     )
-    scores: list[float] = []
 
-    def say(record: BaselineRound) -> None:
-        scores.append(record.avg_val_bpb)
-        log.info("%s step %d: val bpb %.4f", name, record.global_step, record.avg_val_bpb)
-
-    def keep_final(server_round: int, model: PreTrainedModel) -> None:
-        if model_dir is not None and server_round == run_cfg.num_server_rounds:
+    def keep_final(record: BaselineRound, model: PreTrainedModel) -> None:
+        if model_dir is not None and record.round == run_cfg.num_server_rounds:
             how = f"by continued pre-training ({name}) on {spec.name}, its own tokenizer"
-            export_trained(
-                model, run_cfg, tokenizer, model_dir, name=name, how=how, avg_bpb=scores[-1]
-            )
+            score = record.avg_val_bpb
+            export_trained(model, run_cfg, tokenizer, model_dir, name=name, how=how, avg_bpb=score)
 
     return run_standard(
         run_cfg,
@@ -91,7 +85,7 @@ def adapt(
         body=body,
         tokenizer_file=tokenizer,
         name=name,
-        on_round=say,
+        on_round=lambda r: log.info("%s step %d: val bpb %.4f", name, r.global_step, r.avg_val_bpb),
         on_model=keep_final,
     )
 

@@ -122,18 +122,16 @@ def continued_pretraining(cfg: DeptConfig, body: dict, out: Path, steps: int, la
     )
     specs = run_sources(cpt_cfg)
     root = state_root(cpt_cfg)
-    scores: list[float] = []
 
     def say(record: BaselineRound) -> None:
-        scores.append(record.avg_val_bpb)
         log.info("%s CPT step %d: avg val bpb %.4f", label, record.global_step, record.avg_val_bpb)
 
     tokenizer = global_tokenizer(specs, cpt_cfg.global_vocab_size, root / "cache", cpt_cfg.seed)
     how = f"by continued pre-training of the {label} body on its run's sources (τ = 0.3)"
 
-    def keep_final(server_round: int, model: PreTrainedModel) -> None:
-        if server_round == cpt_cfg.num_server_rounds:
-            name, score = f"{label} + CPT", scores[-1]
+    def keep_final(record: BaselineRound, model: PreTrainedModel) -> None:
+        if record.round == cpt_cfg.num_server_rounds:
+            name, score = f"{label} + CPT", record.avg_val_bpb
             export_trained(model, cpt_cfg, tokenizer, out, name=name, how=how, avg_bpb=score)
 
     run = run_standard(

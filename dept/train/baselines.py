@@ -168,7 +168,7 @@ def run_standard(
     forgets: bool = False,
     stratified: bool = False,
     on_round: Callable[[BaselineRound], None] | None = None,
-    on_model: Callable[[int, PreTrainedModel], None] | None = None,
+    on_model: Callable[[BaselineRound, PreTrainedModel], None] | None = None,
     body: dict[str, torch.Tensor] | None = None,
     tokenizer_file: Path | None = None,
     name: str | None = None,
@@ -178,10 +178,10 @@ def run_standard(
     ``sources_per_round`` is how many sources a federated round trains, so a step here
     takes ``sources_per_round × batch-size`` sequences: the federated runs' tokens per round.
     ``stratified``: every source's share of each step, in order (τ must be 0, every source
-    in a round). ``on_model`` sees the model after each round's evaluation (before ACT
-    forgets). CPT: ``body`` is a trained θ to start from (with ψ where the run shared it; the
-    token embeddings, and positions a run kept per source, are always fresh) and
-    ``tokenizer_file`` the tokenizer to train them for (default: the global one).
+    in a round). ``on_model`` sees each round's record and the model after its evaluation
+    (before ACT forgets). CPT: ``body`` is a trained θ to start from (with ψ where the run
+    shared it; the token embeddings, and positions a run kept per source, are always fresh)
+    and ``tokenizer_file`` the tokenizer to train them for (default: the global one).
     """
     data, token_bytes, rows = tokenized_sources(cfg, specs, state_root, tokenizer_file)
     device = resolve_device(cfg.device)
@@ -228,7 +228,7 @@ def run_standard(
         if on_round is not None:
             on_round(record)
         if on_model is not None:
-            on_model(server_round, model)
+            on_model(record, model)
         if forgetting is not None:
             forgetting.at_round_end(record.global_step)
     run.body = {**body_state(model), **position_state(model)}  # one model: ψ shared, like θ

@@ -39,7 +39,7 @@ from dept.model.families import body_state
 from dept.model.variants import variant
 from dept.paths import resolve_path
 from dept.state.workspace import EMBEDDINGS_FILE, Workspace
-from dept.train.baselines import run_standard
+from dept.train.baselines import BaselineRound, run_standard
 from dept.train.local import make_inner_optimizer, train_local
 from dept.train.sharing import initial_tensors, shared_state
 from dept.train.source_client import SourceClient
@@ -121,8 +121,8 @@ def standard_rounds(run_config: dict[str, Any], stratified: bool) -> dict[int, T
     glob = variant("glob")
     rounds = {0: initial_tensors(cfg)[0]}
 
-    def keep(r: int, model: torch.nn.Module) -> None:
-        rounds[r] = shared_state(model, glob, cfg.global_vocab_size)  # type: ignore[arg-type]
+    def keep(record: BaselineRound, model: torch.nn.Module) -> None:
+        rounds[record.round] = shared_state(model, glob, cfg.global_vocab_size)  # type: ignore[arg-type]
 
     run_standard(
         cfg,
