@@ -69,20 +69,21 @@ def compare(run: Path, reference: Path, exact: bool) -> tuple[dict[str, Any], li
     # source from the soak's (-13% once, with every source's final figure equal).
     per_source = {s: ours["sources"][s]["val_bpb"] for s in sorted(theirs["sources"])}
     reference_per_source = {s: m["val_bpb"] for s, m in sorted(theirs["sources"].items())}
-    trained = trained_rounds(run)
+    trained, reference_rounds = trained_rounds(run), _rounds(reference)
     expected = {
-        s: bpb_after_rounds(reference, s, trained.get(s, 0)) or reference_per_source[s]
+        s: bpb_after_rounds(reference_rounds, s, trained.get(s, 0)) or reference_per_source[s]
         for s in reference_per_source
     }
     mean, reference_mean = _mean(per_source.values()), _mean(reference_per_source.values())
-    gap = mean / _mean(expected.values()) - 1
+    expected_mean = _mean(expected.values())
+    gap = mean / expected_mean - 1
     shared = sorted(body.keys() & body_ref.keys())
     diff = math.sqrt(sum(float((body[k] - body_ref[k]).double().pow(2).sum()) for k in shared))
     norm = math.sqrt(sum(float(body_ref[k].double().pow(2).sum()) for k in shared))
     figures = {
         "avg_val_bpb": mean,
         "reference_avg_val_bpb": reference_mean,
-        "expected_avg_val_bpb": _mean(expected.values()),
+        "expected_avg_val_bpb": expected_mean,
         "relative_bpb_gap": gap,
         "val_bpb": per_source,
         "reference_val_bpb": reference_per_source,
@@ -125,11 +126,12 @@ def trained_rounds(out: Path) -> dict[str, int]:
     return counts
 
 
-def bpb_after_rounds(out: Path, source: str, rounds: int) -> float | None:
+def bpb_after_rounds(lines: list[dict[str, Any]], source: str, rounds: int) -> float | None:
     """``source``'s bits per byte in the first evaluation after its ``rounds``-th trained
-    round (None: it never trained that many, or no evaluation followed)."""
+    round, in a run's rounds (:func:`_rounds`); None: it never trained that many, or no
+    evaluation followed."""
     done = 0
-    for line in _rounds(out):
+    for line in lines:
         metrics = line["sources"].get(source, {})
         done += bool(metrics.get("tokens"))
         value = metrics.get("val_bpb")
