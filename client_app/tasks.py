@@ -19,9 +19,9 @@ from typing import Any
 
 import datasets
 import numpy as np
-from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 
-from client_app.channel import EVALUATE, QUERY, TRAIN
+from client_app.channel import EVALUATE, QUERY, TRAIN, npy_array
 from client_app.node import node_setup, served_sources
 from dept.config import load_config
 from dept.state.workspace import Attempt, Workspace
@@ -108,7 +108,7 @@ def _query(task: Task) -> RecordDict:
         if ids is None:
             raise ValueError(f"variant {client.variant.name!r} shares no embedding rows")
         info = ConfigRecord({keys.SOURCE: client.spec.name})
-        arrays = ArrayRecord({keys.EMBEDDING_IDS: Array(ids.astype(np.int32))})
+        arrays = ArrayRecord({keys.EMBEDDING_IDS: npy_array(ids.astype(np.int32))})
         return RecordDict({keys.ARRAYS: arrays, keys.INFO: info})
     served, _ = served_sources(load_config(task.run_config), dict(task.node_config))
     return RecordDict({keys.INFO: ConfigRecord({keys.SOURCES: [s.name for s in served]})})
@@ -156,9 +156,10 @@ def _train(task: Task) -> RecordDict:
         announce=task.announce,
         fragments=_fragments(config),
     )
-    arrays = ArrayRecord(result.payload)  # compressed as configured; ids stay int32
+    payload = {k: npy_array(v.detach().cpu().numpy()) for k, v in result.payload.items()}
+    arrays = ArrayRecord(payload)  # compressed as configured; ids stay int32
     if client.shared_ids is not None:
-        arrays[keys.EMBEDDING_IDS] = Array(client.shared_ids.astype(np.int32))
+        arrays[keys.EMBEDDING_IDS] = npy_array(client.shared_ids.astype(np.int32))
     metrics = MetricRecord(
         {
             keys.NUM_EXAMPLES: result.stats.tokens,

@@ -158,7 +158,7 @@ class WarmWorker:
             raise WorkerFailed(f"the warm worker in {self.folder} gave no answer: {reply}")
         return channel.decode(reply["content"], body)
 
-    def _exchange(self, request: dict[str, Any], blobs: list[bytes]) -> tuple[dict, memoryview]:
+    def _exchange(self, request: dict[str, Any], blobs: list[bytes]) -> tuple[dict, list[bytes]]:
         folder = private_folder(self.folder)
         with self._connected(folder) as sock:
             try:

@@ -141,9 +141,7 @@ class Worker:
     def answer(self, conn: socket.socket) -> bool:
         """Serve one call on ``conn``; whether to go on serving."""
         try:
-            conn.settimeout(REQUEST_S)
-            request, body = channel.receive(conn)
-            conn.settimeout(None)
+            request, body = channel.receive_within(conn, REQUEST_S)
             reply, blobs, go_on = self.handle(request, body)
             channel.send(conn, reply, blobs)
         except (channel.ChannelError, OSError) as exc:  # the caller went away
@@ -151,7 +149,7 @@ class Worker:
             return True
         return go_on
 
-    def handle(self, request: dict[str, Any], body: memoryview) -> tuple[dict, list[bytes], bool]:
+    def handle(self, request: dict[str, Any], body: list[bytes]) -> tuple[dict, list[bytes], bool]:
         """(the reply header, its arrays, whether to go on serving) for one request."""
         if not channel.same_token(request.get("token"), self.token):
             log.warning("warm worker: refused a call without the node's token")

@@ -50,10 +50,62 @@ def test_a_peer_that_hangs_up_mid_frame_is_a_channel_error() -> None:
             channel.receive(theirs)
 
 
-def test_array_bytes_no_array_claims_are_refused() -> None:
+def test_blobs_no_array_claims_and_arrays_without_their_blob_are_refused() -> None:
     header, blobs = channel.encode(_content())
     with pytest.raises(channel.ChannelError, match="no array claims"):
-        channel.decode(header, memoryview(b"".join(blobs) + b"extra"))
+        channel.decode(header, [*blobs, b"extra"])
+    with pytest.raises(channel.ChannelError, match="has no blob of"):
+        channel.decode(header, [blobs[0], blobs[1][:-1]])
+    with pytest.raises(channel.ChannelError, match="has no blob of"):
+        channel.decode(header, blobs[:1])
+
+
+def test_received_blobs_are_the_arrays_data_without_a_copy() -> None:
+    ours, theirs = socket.socketpair()
+    with ours, theirs:
+        header, blobs = channel.encode(_content())
+        channel.send(ours, {"content": header}, blobs)
+        got, received = channel.receive(theirs)
+    arrays = channel.decode(got["content"], received).array_records["arrays"]
+    assert [arrays[k].data for k in ("w", "ids")] == blobs
+    assert all(arrays[k].data is b for k, b in zip(("w", "ids"), received, strict=True))
+    assert channel.SIZES not in got
+
+
+def test_blob_sizes_that_do_not_add_up_to_the_body_are_refused() -> None:
+    head = b'{"blob-sizes": [3, 4]}'
+    ours, theirs = socket.socketpair()
+    with ours, theirs:
+        ours.sendall(channel.LENGTHS.pack(len(head), 8) + head + b"12345678")
+        with pytest.raises(channel.ChannelError, match="do not add up to 8"):
+            channel.receive(theirs)
+
+
+def test_a_receive_within_a_time_gives_up_on_a_silent_peer() -> None:
+    ours, theirs = socket.socketpair()
+    with ours, theirs:
+        ours.sendall(channel.LENGTHS.pack(2, 0))
+        with pytest.raises(OSError):
+            channel.receive_within(theirs, 0.2)
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        np.arange(6, dtype=np.float32).reshape(2, 3),
+        np.array(3.5),
+        np.arange(5, dtype=np.int8),
+        np.zeros((0, 4), dtype=np.uint8),
+        np.arange(12, dtype=np.int32)[::2],
+        np.ones((3, 4), dtype=np.float32).T,
+    ],
+)
+def test_npy_array_is_what_flower_makes_of_the_values(values: np.ndarray) -> None:
+    ours, flowers = channel.npy_array(values), Array(values)
+    assert (ours.dtype, ours.shape, ours.stype) == (flowers.dtype, flowers.shape, flowers.stype)
+    np.testing.assert_array_equal(ours.numpy(), values)
+    if values.flags.c_contiguous:
+        assert ours.data == flowers.data
 
 
 def test_the_token_compare_wants_the_exact_secret() -> None:
