@@ -26,6 +26,7 @@ from client_app.node import node_setup, served_sources
 from dept.config import load_config
 from dept.state.workspace import Attempt, Workspace
 from dept.train.devices import describe, unused_gpus_warning
+from dept.train.held_body import received_body
 from dept.train.source_client import SourceClient
 from dept.wire import keys
 from dept.wire.fragments import FragmentPlan
@@ -147,8 +148,15 @@ def _train(task: Task) -> RecordDict:
     client = _client(task)
     config = task.content.config_records[keys.CONFIG]
     received = task.content.array_records[keys.ARRAYS].count_bytes()
+    shared = _shared(task.content)
+    if keys.BODY_DIGEST in config:  # download-compression: θ̂' from the body the node holds
+        kind = client.cfg.download_compression
+        body = received_body(client.ws.dir, shared, config, kind)
+        if body is None:
+            return RecordDict({keys.INFO: ConfigRecord({keys.NEEDS_BODY: True})})
+        shared = body
     result = client.train_round(
-        _shared(task.content),
+        shared,
         int(config[keys.GLOBAL_STEP]),  # type: ignore[arg-type]
         int(config[keys.SERVER_ROUND]),  # type: ignore[arg-type]
         _attempt(config),

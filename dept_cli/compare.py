@@ -310,7 +310,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--jobs",
         type=int,
-        default=min(2, os.cpu_count() or 1),
+        default=min(2, len(os.sched_getaffinity(0))),
         help="runs at once (the CPU threads are split between them)",
     )
     parser.add_argument(

@@ -143,9 +143,10 @@ def make_plans(
 ) -> list[Plan]:
     """Every method at every rate (``args.methods``, ``args.lrs``) under each of
     ``args.seeds`` seeds from the base config's (:mod:`dept_cli.seeds`), the CPU threads shared
-    equally between the ``args.jobs``; with ``rates``, each run knows its bytes of text per
+    equally between the ``args.jobs`` (the CPUs this process may run on: ``taskset`` gives
+    two comparisons a core each); with ``rates``, each run knows its bytes of text per
     token, and ``budget`` bytes sets its rounds from them (:class:`TextRates`)."""
-    threads = max(1, (os.cpu_count() or 1) // args.jobs)
+    threads = max(1, len(os.sched_getaffinity(0)) // args.jobs)
     specs = run_sources(base)
     if budget == "bytes" and rates is None:
         raise ValueError("--budget bytes needs the measured text rates (prepare)")

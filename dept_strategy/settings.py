@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dept.config import COMPRESSIONS, SERVER_MEMORIES, privacy_conflict
+from dept.config import COMPRESSIONS, DOWNLOADS, SERVER_MEMORIES, privacy_conflict
 from dept.wire.compression import TOPK_DENSITY
 from dept_strategy.privacy import CentralPrivacy
 from dept_strategy.screening import Defences
@@ -46,6 +46,7 @@ class StrategySettings:
     interference: bool = True  # (interference): cosines between every pair of updates
     fragments: int = 1  # (fragments): > 1 syncs the body by that many fragments
     fragment_period: int = 1  # (fragment-period): each fragment syncs every this many rounds
+    download_compression: str = "none"  # (download-compression): θ's change going down
     # Flower's simulation runtime: no SuperNode holds a reply back and none is lost without
     # an error reply, so a node slow to answer is queued behind others on an actor, not
     # silent: it is waited for (up to the round's timeout), never asked again nor nudged
@@ -63,6 +64,10 @@ class StrategySettings:
             raise ValueError(f"local_steps must be >= 1, got {self.local_steps}")
         if self.compression not in COMPRESSIONS:
             raise ValueError(f"compression must be one of {COMPRESSIONS}, got {self.compression!r}")
+        if self.download_compression not in DOWNLOADS:
+            raise ValueError(f"download_compression must be one of {DOWNLOADS}")
+        if self.download_compression != "none" and self.fragments > 1:
+            raise ValueError("download_compression needs fragments = 1")
         if self.server_memory not in SERVER_MEMORIES:
             raise ValueError(f"server_memory must be one of {SERVER_MEMORIES}")
         if not 0 < self.topk_density <= 1:

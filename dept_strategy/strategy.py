@@ -44,6 +44,7 @@ from flwr.serverapp.strategy import Strategy
 from dept.wire import keys
 from dept_strategy import discovery
 from dept_strategy.discovery import SourceDirectory
+from dept_strategy.download import DownloadBook
 from dept_strategy.fragments import FragmentBook
 from dept_strategy.history import RunHistory
 from dept_strategy.inflight import InFlight, Target
@@ -101,6 +102,9 @@ class DeptStrategy(RoundCombining, Strategy):
             if settings.fragments > 1
             else None
         )
+        kind = settings.download_compression
+        self.download = DownloadBook(kind, body) if kind != "none" else None
+        self.train_config = ConfigRecord()  # the round's, for a whole body sent mid-round
 
     def _vocabularies(self, timeout_s: float) -> SourceVocabularies | None:
         """TRIM's V_k per source (none to keep where no φ is shared)."""
@@ -276,6 +280,9 @@ class DeptStrategy(RoundCombining, Strategy):
             if self.fragments is not None and message_type == MessageType.TRAIN:
                 unsent = self.fragments.unsent(source)
                 shared = ArrayRecord({n: a for n, a in shared.items() if n not in unsent})
+            if self.download is not None and message_type == MessageType.TRAIN:
+                shared, digests = self.download.carry(source, shared)
+                per_source = ConfigRecord({**per_source, **digests})
             sent += shared.count_bytes()
             record = RecordDict({keys.ARRAYS: shared, keys.CONFIG: per_source})
             message = Message(content=record, dst_node_id=node, message_type=message_type)
@@ -298,6 +305,9 @@ class DeptStrategy(RoundCombining, Strategy):
         self._identify(config)
         if self.fragments is not None:
             self.fragments.configure(config, server_round)
+        if self.download is not None:
+            self.download.prepare(self.outer.tensors())
+        self.train_config = config
         record = self.history.at(server_round)
         record.sampled = len(targets)
         log.info("round %d: training %s", server_round, ", ".join(targets))
@@ -312,6 +322,8 @@ class DeptStrategy(RoundCombining, Strategy):
         desk = self._desk(server_round)
         versions = list(self.fragments.versions) if self.fragments else []  # what was sent
         accepted = self._step(server_round, replies, desk)
+        if self.download is not None:
+            self.download.round_done(a.target.source for a in accepted or [])
         if accepted is None:
             return None, None
         if self.fragments is not None:
@@ -320,6 +332,33 @@ class DeptStrategy(RoundCombining, Strategy):
                 self.fragments.took(arrival.target.source, versions)
         self.reference = median_stats([a.spooled.stats for a in accepted]) or self.reference
         return self.shared_tensors(), desk.credit(accepted)
+
+    def whole_body(self, reply: Message) -> Message | None:
+        """For a train reply that asks for the whole body (its node does not hold the one
+        the round's change applies to): the message that sends it, in place of the reply;
+        None for any other reply, and for a second ask (then refused as a reply without
+        an update)."""
+        if reply.has_error() or keys.INFO not in reply.content.config_records:
+            return None
+        if not reply.content.config_records[keys.INFO].get(keys.NEEDS_BODY):
+            return None
+        target = self.in_flight.target_of(reply)
+        if target is None or self.download is None or target.source not in self.download.holders:
+            return None  # once a round, to a source sent a change: else a reply like any other
+        if self.in_flight.claim(reply)[0] is None:  # a duplicate: the strategy says so
+            return None
+        log.info(
+            "source %s does not hold the body the change applies to: sent whole", target.source
+        )
+        self.download.forget(target.source)
+        targets = {target.source: target.node}
+        messages, sent = self._messages(
+            self.shared_tensors(), self.train_config, targets, MessageType.TRAIN
+        )
+        server_round = int(self.train_config[keys.SERVER_ROUND])  # type: ignore[arg-type]
+        self.history.at(server_round).bytes_down += sent
+        self.history.comm.bytes_down += sent
+        return messages[0]
 
     def configure_evaluate(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid

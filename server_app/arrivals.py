@@ -11,7 +11,7 @@ The messages themselves are let go once pushed. Nodes that hold a reply back are
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 from flwr.app import Message
 from flwr.serverapp import Grid
@@ -27,9 +27,12 @@ def replies_as_they_arrive(
     timeout: float,
     poll_s: float = POLL_S,
     nudges: Nudges | None = None,
+    follow_up: Callable[[Message], Message | None] | None = None,
 ) -> Iterator[Message]:
     """Push ``messages`` and yield their replies one by one until all are in or ``timeout``
-    seconds have passed (the ones still missing are then reported by the strategy)."""
+    seconds have passed (the ones still missing are then reported by the strategy). A reply
+    for which ``follow_up`` gives a message is not yielded: that message is pushed, and its
+    reply awaited in its place (a node asking for the whole body, :mod:`dept.wire.download`)."""
     messages = list(messages)
     nodes = [m.metadata.dst_node_id for m in messages]
     node_of = dict(zip(grid.push_messages(messages), nodes, strict=True))
@@ -44,6 +47,14 @@ def replies_as_they_arrive(
             while batch:
                 answered = batch[0].metadata.reply_to_message_id
                 waiting.discard(answered)
+                again = follow_up(batch[0]) if follow_up is not None else None
+                if again is not None:
+                    batch.pop(0)
+                    node = again.metadata.dst_node_id
+                    (sent,) = grid.push_messages([again])
+                    node_of[sent], again = node, None
+                    waiting.add(sent)
+                    continue
                 if nudges is not None:
                     nudges.replied(node_of[answered])
                 yield batch.pop(0)  # nothing here holds it once handed over

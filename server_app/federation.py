@@ -227,6 +227,7 @@ def _build_strategy(cfg: DeptConfig, run_id: str, *, simulation: bool) -> DeptSt
         interference=cfg.interference,
         fragments=cfg.fragments,
         fragment_period=cfg.fragment_period,
+        download_compression=cfg.download_compression,
         simulation=simulation,
     )
     return DeptStrategy(outer, settings)
@@ -250,7 +251,8 @@ class _Exchanges:
         replies = self._replies(
             self.strategy.configure_train(
                 server_round, self.strategy.shared_tensors(), ConfigRecord(), self.grid
-            )
+            ),
+            follow_up=self.strategy.whole_body,
         )
         updated, _ = self.strategy.aggregate_train(server_round, replies)  # each added, dropped
         return updated
@@ -259,5 +261,11 @@ class _Exchanges:
         messages = self.strategy.configure_evaluate(server_round, shared, ConfigRecord(), self.grid)
         self.strategy.aggregate_evaluate(server_round, self._replies(messages))
 
-    def _replies(self, messages: Iterable[Message]) -> Iterator[Message]:
-        return replies_as_they_arrive(self.grid, messages, self.timeout_s, nudges=self.nudges)
+    def _replies(
+        self,
+        messages: Iterable[Message],
+        follow_up: Callable[[Message], Message | None] | None = None,
+    ) -> Iterator[Message]:
+        return replies_as_they_arrive(
+            self.grid, messages, self.timeout_s, nudges=self.nudges, follow_up=follow_up
+        )

@@ -19,6 +19,7 @@ from dept.config.load import (
 from dept.config.names import (
     AGGREGATIONS,
     COMPRESSIONS,
+    DOWNLOADS,
     MAX_VOCAB_SIZE,
     OUTLIER_ACTIONS,
     SERVER_MEMORIES,
@@ -37,6 +38,7 @@ from dept.config.schema import DeptConfig
 __all__ = [
     "AGGREGATIONS",
     "COMPRESSIONS",
+    "DOWNLOADS",
     "MAX_VOCAB_SIZE",
     "OUTLIER_ACTIONS",
     "SERVER_MEMORIES",

@@ -86,6 +86,11 @@ def check_values(cfg: Any) -> None:
         1 <= cfg.fragment_period <= cfg.fragments,
         "must be in 1..fragments (every round syncs at least one fragment)",
     )
+    _check(
+        "download_compression",
+        cfg.download_compression == "none" or cfg.fragments == 1,
+        "needs fragments = 1: with fragments a node already gets only the fragments it lacks",
+    )
     _check("fraction_train", 0 < cfg.fraction_train <= 1, "must be in (0, 1]")
     _check("fraction_evaluate", 0 <= cfg.fraction_evaluate <= 1, "must be in [0, 1]")
     _check("wait_for_nodes_s", cfg.wait_for_nodes_s > 0, "must be > 0")

@@ -11,6 +11,7 @@ from typing import Literal, TypeVar, get_args
 # Choices whose code imports this module (dept.train.local, dept.wire.compression), or is not the
 # core's (dept_strategy); named here so the config (and --help) loads without torch.
 CompressionName = Literal["none", "fp16", "int8", "int4", "int2", "ternary", "topk"]  # Δ's trip up
+DownloadName = Literal["none", "fp16", "int8", "int4", "int2", "ternary"]  # θ's change going down
 AggregationName = Literal["mean", "trimmed-mean", "median"]  # how a round's updates combine
 OutlierAction = Literal["clip", "reject"]  # what becomes of an update too large to be honest
 ServerMemory = Literal["fast", "lean"]  # whether a round's mean is folded as replies arrive
@@ -18,6 +19,7 @@ DataParallelName = Literal["ddp", "fsdp"]  # how a source with nproc > 1 splits 
 InnerName = Literal["adamw", "sgd"]  # a source's local optimizer (dept.train.local builds it)
 # Tuples for the code that checks a value outside the schema.
 COMPRESSIONS: tuple[CompressionName, ...] = get_args(CompressionName)
+DOWNLOADS: tuple[DownloadName, ...] = get_args(DownloadName)
 AGGREGATIONS: tuple[AggregationName, ...] = get_args(AggregationName)
 OUTLIER_ACTIONS: tuple[OutlierAction, ...] = get_args(OutlierAction)
 SERVER_MEMORIES: tuple[ServerMemory, ...] = get_args(ServerMemory)

@@ -13,6 +13,7 @@ from dept.config.names import (
     CompressionName,
     ConfigError,
     DataParallelName,
+    DownloadName,
     InnerName,
     OutlierAction,
     ServerMemory,
@@ -120,7 +121,15 @@ class DeptConfig:
         "packed 1, 2, 4 and 5 to a byte, and one float32 scale per block of 256 values: about "
         "3.9x / 7.8x / 15x / 18.5x fewer bytes; int2 and ternary decode alike), topk (per "
         "tensor the topk-density share of largest values, float16, with int32 indices: 6 bytes "
-        "a value kept); θ always goes down as float32",
+        "a value kept); for θ going down see download-compression",
+    )
+    download_compression: DownloadName = doc(
+        "none",
+        "how θ goes down to a training source: none (float32, the whole body), or the body's "
+        "change since the one the node holds in one of compression's codes (fp16 ... ternary); "
+        "every node holds the same bits, proved by a digest in every message, and a node that "
+        "missed a round or holds another body gets the whole body in float32. int4 sends "
+        "about 7.8x fewer bytes down; fragments must be 1",
     )
     compression_error_feedback: bool = doc(
         True,

@@ -26,6 +26,10 @@ FRAGMENT_VERSIONS = (
     "fragment-versions"  # fragments > 1: each fragment's version (dept.wire.fragments)
 )
 FRAGMENT_SYNC = "fragment-sync"  # fragments > 1: the fragments whose Δ the reply carries
+# download-compression: the digest of the body a train message makes (dept.wire.download), and
+# where it carries a change, of the body the change applies to
+BODY_DIGEST = "body-digest"
+BASE_DIGEST = "base-digest"
 
 # Array keys besides θ's parameter names (``input``/``output`` are φ, GLOB and TRIM)
 EMBEDDING_IDS = "embedding-ids"  # TRIM: the global φ rows (V_k) a source holds, int32
@@ -36,6 +40,9 @@ SOURCES = "sources"  # the source names a node serves
 # ``info`` of train and evaluate replies: what the source found of its saved state, "" when
 # it is the expected one ("fresh embeddings in round 5: state lost (...)")
 STATE_EVENT = "state-event"
+# ``info`` of a train reply that trained nothing: the node does not hold the body the change
+# applies to, and asks for the whole body (the server sends it in the same round)
+NEEDS_BODY = "needs-body"
 
 # MetricRecord keys, client -> server
 NUM_EXAMPLES = "num-examples"  # tokens trained: the aggregation weight

@@ -87,6 +87,7 @@ def test_a_node_killed_mid_round_comes_back_with_its_embeddings(
     # timeout is only the backstop.
     config = {"num-server-rounds": 4, "local-steps": 40, "round-timeout-s": 300.0}
     config["min-available-nodes"] = 3
+    config["download-compression"] = "int4"  # and the node that missed a round gets θ whole
     run = loopback.run(run_config(out, **config))
 
     wait_for_line(victim.superexec, rf"round 2 {victim.source}: step", RUN_S)
@@ -102,6 +103,8 @@ def test_a_node_killed_mid_round_comes_back_with_its_embeddings(
     assert victim.source in {f["source"] for f in rounds[2]["failed"]}, rounds[2]
     assert rounds[2]["sources"]["greek"]["tokens"] > 0, "the round went on without it"
     assert rounds[3]["sources"][victim.source]["tokens"] > 0, rounds[3]
+    # round 4 sends every node the change; round 3 sent the one back from the dead the body
+    assert rounds[3]["bytes_down"] > 2 * rounds[4]["bytes_down"], [r["bytes_down"] for r in rounds]
     reloaded = wait_for_line(back.superexec, r"embeddings from the state of round (\d+)", 10)
     assert int(reloaded.group(1)) == 1, "it reloaded what it saved after round 1"
     assert "embeddings fresh" not in back.log()

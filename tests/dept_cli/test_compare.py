@@ -40,7 +40,7 @@ def test_compare_runs_every_method_and_reports_a_crash(
     monkeypatch.setattr(compare, "_run_baseline", act_crashes)
     # One torch thread, like every other test (tests/conftest.py): with --jobs 1 compare
     # takes all cores, and two threads on the two shared cores ran this 5-10x slower.
-    monkeypatch.setattr(compare.os, "cpu_count", lambda: 1)
+    monkeypatch.setattr(compare.os, "sched_getaffinity", lambda pid: {0})
     out = tmp_path / "out"
     share_cache(out / "state", node_cache)  # where compare keeps its nodes' state
     # fmt: off
@@ -117,7 +117,7 @@ def test_the_budget_becomes_rounds_as_the_help_says(tmp_path: Path) -> None:
 def test_a_stopped_comparison_reuses_finished_runs_of_the_same_plan(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, node_cache: Path
 ) -> None:
-    monkeypatch.setattr(compare.os, "cpu_count", lambda: 1)
+    monkeypatch.setattr(compare.os, "sched_getaffinity", lambda pid: {0})
     out = tmp_path / "out"
     share_cache(out / "state", node_cache)
     # fmt: off
@@ -212,7 +212,7 @@ def test_compare_by_bytes_trains_every_method_on_the_same_text(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, node_cache: Path
 ) -> None:
     sources = synthetic_sources(tmp_path, "latin", "greek", vocab_size=2000)
-    monkeypatch.setattr(compare.os, "cpu_count", lambda: 1)
+    monkeypatch.setattr(compare.os, "sched_getaffinity", lambda pid: {0})
     out = tmp_path / "out"
     share_cache(out / "state", node_cache)
     # fmt: off

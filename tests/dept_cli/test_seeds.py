@@ -93,7 +93,7 @@ def test_each_seed_is_a_plan_and_the_first_is_a_one_seed_comparisons_folder(
 def test_compare_with_two_seeds_reports_the_spread_and_keeps_every_run(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, node_cache: Path
 ) -> None:
-    monkeypatch.setattr(compare.os, "cpu_count", lambda: 1)
+    monkeypatch.setattr(compare.os, "sched_getaffinity", lambda pid: {0})
     out = tmp_path / "out"
     share_cache(out / "state", node_cache)
     # fmt: off

@@ -110,3 +110,35 @@ def test_waiting_stops_at_the_timeout_with_what_arrived() -> None:
     grid = TrickleGrid(silent={"m1"})
     replies = list(replies_as_they_arrive(grid, _messages(3), timeout=0.3, poll_s=0.05))
     assert sorted(r.metadata.reply_to_message_id for r in replies) == ["m0", "m2"]
+
+
+class CountingGrid(TrickleGrid):
+    """Message ids go on counting across pushes (TrickleGrid starts each push at m0)."""
+
+    def push_messages(self, messages: Iterable[Message]) -> list[str]:
+        ids = []
+        for msg in messages:
+            ids.append(f"m{self.pulls}-{len(self.pending)}-{id(msg)}")
+            msg.metadata.__dict__["_message_id"] = ids[-1]
+            self.pending.append(msg)
+        return ids
+
+
+def test_a_reply_followed_up_is_replaced_by_the_reply_to_its_follow_up() -> None:
+    grid = CountingGrid()
+    asked: list[int] = []
+
+    def again_for_node_2(reply: Message) -> Message | None:
+        node = reply.metadata.src_node_id
+        if node != 2 or asked:
+            return None
+        asked.append(node)
+        return Message(RecordDict(), dst_node_id=2, message_type="train")
+
+    stream = replies_as_they_arrive(
+        grid, _messages(3), timeout=10, poll_s=0, follow_up=again_for_node_2
+    )
+    answered_nodes = [r.metadata.src_node_id for r in stream]
+
+    assert asked == [2], "the first reply of node 2 was followed up"
+    assert sorted(answered_nodes) == [1, 2, 3], "and node 2's second reply came in its place"
