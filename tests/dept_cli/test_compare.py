@@ -136,6 +136,12 @@ def test_a_stopped_comparison_reuses_finished_runs_of_the_same_plan(
     assert ran == [0.02], "only the unfinished run runs again"
     again = json.loads((out / "comparison.json").read_text())["sweep"]
     assert [r["sources"] for r in again] == [r["sources"] for r in first]
+    plan_file = out / "runs" / "std-0-lr0.01" / "plan.json"
+    older = json.loads(plan_file.read_text())
+    del older["download-compression"]  # planned before that key existed
+    plan_file.write_text(json.dumps(older))
+    assert compare.main(argv) == 0
+    assert ran == [0.02], "a key added since the plan counts at its default there"
     assert compare.main([*argv, "-c", "weight-decay=0.0"]) == 0
     assert ran == [0.02, 0.01, 0.02], "another run config runs everything afresh"
 
