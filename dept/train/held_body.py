@@ -14,9 +14,9 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import torch
-from flwr.app import ConfigRecord
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
@@ -36,7 +36,7 @@ class WrongBody(ValueError):
 
 
 def received_body(
-    folder: Path, arrays: Mapping[str, torch.Tensor], config: ConfigRecord, kind: str
+    folder: Path, arrays: Mapping[str, torch.Tensor], config: Mapping[str, Any], kind: str
 ) -> dict[str, torch.Tensor] | None:
     """What the source trains from (θ̂', with φ as sent), kept for the next round; None when
     the message carries a change to a body this node does not hold (ask for the whole)."""
