@@ -104,6 +104,11 @@ def test_the_build_splits_by_hash_writes_its_manifest_and_gives_the_same_bytes_t
     written = json.loads((tmp_path / "a" / english.MANIFEST).read_text())
     assert written == json.loads(json.dumps(first))
     assert "en-manpages" in (tmp_path / "a" / "sources.yaml").read_text()
+    ood = (tmp_path / "a" / "sources-ood.yaml").read_text()
+    held = (tmp_path / "a" / "held-out.yaml").read_text()
+    name = f'"name": "{english.OOD_DOMAIN}"'
+    assert '"name": "en-manpages"' in ood and name not in ood, "the OOD runs' sources"
+    assert name in held and '"name": "en-manpages"' not in held
 
 
 def test_long_documents_are_cut_at_line_ends() -> None:
