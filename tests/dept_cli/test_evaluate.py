@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.comparison import downstream
+from benchmarks.comparison import downstream, ood
 from dept_cli import compare, evaluate, finetune
 from dept_cli.harness import _metrics, _stream_results, stream_task_name, validation_stream
 from tests.dept_cli.test_finetune import write_task
@@ -177,11 +177,30 @@ def test_lm_eval_scores_every_methods_models_as_their_runs_did(
     assert once["results"] == again["results"]
     # the downstream comparison: the global model, CPT for SPEC-OPT, a baseline's own model
     _the_downstream_comparison_fine_tunes_each_body(tmp_path, run)
+    # out of distribution: every body on a source no run trained on
+    _the_ood_table_scores_each_body_on_a_held_out_source(tmp_path, runs.parent)
     # what cannot be evaluated is named
     with pytest.raises(SystemExit, match="'synth-cyrillic' is not in the run's"):
         evaluate.main([str(run["spec-opt"]), "--source", "synth-cyrillic"])
     with pytest.raises(SystemExit, match="baseline run: one model covers every source"):
         evaluate.main([str(run["std-0"]), "--global"])
+
+
+def _the_ood_table_scores_each_body_on_a_held_out_source(tmp_path: Path, comparison: Path) -> None:
+    (tmp_path / "held-out").mkdir()
+    held_out = synthetic_sources(tmp_path / "held-out", "cyrillic")
+    out = tmp_path / "ood"
+    argv = ["--comparison", str(comparison), "--held-out", str(held_out), "--cpt-steps", "2"]
+
+    assert ood.main([*argv, "--work", str(tmp_path / "ood-work"), "--out", str(out)]) == 0
+
+    rows = {r["method"]: r for r in json.loads((out / "ood.json").read_text())["runs"]}
+    assert set(rows) == {"std-0", "glob", "trim", "spec-opt", ood.FRESH}
+    zero_shot = {m for m, r in rows.items() if r["zero_shot_bpb"] is not None}
+    assert zero_shot == {"std-0", "glob", "trim"}, "SPEC-OPT has no model for unseen text"
+    assert all(r["cpt_bpb"] > 0 and r["cpt_tokens"] > 0 for r in rows.values())
+    assert all(0 < r["zero_shot_bpb"] < 20 for m, r in rows.items() if m in zero_shot)
+    assert (out / "ood.png").is_file()
 
 
 def _the_downstream_comparison_fine_tunes_each_body(tmp_path: Path, run: dict[str, Path]) -> None:
