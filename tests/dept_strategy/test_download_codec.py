@@ -121,7 +121,9 @@ def test_a_node_given_a_wrong_body_fetches_the_whole_one_and_trains_that_round(
 ) -> None:
     caplog.set_level(logging.INFO)
     victim = SOURCES[1]
-    summary, rounds = _run(tmp_path, node_cache, victim, **{"download-compression": "int8"})
+    # TRIM: each message also carries the source's φ rows, as float32 beside the change
+    trim = {"variant": "trim", "global-vocab-size": 600, "download-compression": "int8"}
+    summary, rounds = _run(tmp_path, node_cache, victim, **trim)
 
     assert summary["failed_replies"] == summary["rejected_updates"] == 0
     assert rounds[3]["sources"][victim]["tokens"] > 0, "it trained in the round it was damaged"
