@@ -7,6 +7,10 @@ Layout under the node's state root (``state-dir``)::
                                                     validation.bin, meta.json), memory-mapped
     cache/synthetic/...                             generated built-in corpora
     runs/<run-id>/<source>/vocab_ids.npy            V_k (SPEC, TRIM)
+    runs/<run-id>/<source>/download-body.safetensors
+                                                    download-compression: the body the server
+                                                    last sent it, its digest in the metadata
+                                                    (dept.train.held_body)
     runs/<run-id>/<source>/round-0007/              the source's state after training round 7:
         embeddings.safetensors                      φ_k rows the node owns, and ψ_k (SPEC, SPEC-OPT)
         optimizer.pt                                inner AdamW state (weights_only load)
