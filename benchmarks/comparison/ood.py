@@ -19,7 +19,9 @@ For each method, its best rate's run (the comparison's ``methods``), in two colu
   tokenizers.
 
 Writes ``ood.json``, ``ood.csv``, ``ood.txt`` and ``ood.png`` to ``--out``. Models and CPT
-runs go under ``--work``.
+runs go under ``--work``. ``--methods`` scores a subset; rows an earlier invocation left in
+``--out`` for the same comparison, held-out source and CPT are kept, so a comparison that runs
+over several sessions is scored method by method as its sweeps finish.
 """
 
 from __future__ import annotations
@@ -50,8 +52,9 @@ NAME = "ood"
 FRESH = "fresh body"
 
 
-def best_runs(comparison: Path) -> dict[str, tuple[float, Path]]:
-    """Each method's best rate and its run folder, as the comparison chose them."""
+def best_runs(comparison: Path, methods: list[str] | None) -> dict[str, tuple[float, Path]]:
+    """Each method's best rate and its run folder, as the comparison chose them; only
+    ``methods`` where given."""
     report = json.loads((comparison / "comparison.json").read_text())
     base_seed = int(report["config"]["seed"])
     best = {}
@@ -62,7 +65,31 @@ def best_runs(comparison: Path) -> dict[str, tuple[float, Path]]:
         best[method] = (lr, comparison / "runs" / run_folder(method, lr, base_seed, base_seed))
     if not best:
         raise ConfigError(f"{comparison}/comparison.json names no finished method")
-    return best
+    unknown = sorted(set(methods or ()) - set(best))
+    if unknown:
+        raise ConfigError(
+            f"--methods {','.join(unknown)}: not a finished method of {comparison}/comparison.json"
+            f" (it has {','.join(best)})"
+        )
+    return {m: run for m, run in best.items() if not methods or m in methods}
+
+
+KEPT_IF_SAME = ("comparison", "held_out", "cpt_steps", "cpt_lr")  # what makes rows comparable
+
+
+def earlier_rows(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """The rows ``--out`` already holds, where they scored the same comparison's bodies on the
+    same held-out source with the same CPT; none otherwise."""
+    try:
+        earlier = json.loads((args.out / f"{NAME}.json").read_text())
+    except (OSError, ValueError):
+        return []
+    now = result_header(NAME, args, None)["settings"]
+    changed = [k for k in KEPT_IF_SAME if earlier["settings"].get(k) != now[k]]
+    if changed:
+        log.info("not keeping %s/%s.json's rows: its %s differ", args.out, NAME, changed)
+        return []
+    return list(earlier["runs"])
 
 
 def zero_shot_model(run_dir: Path, work: Path) -> Path | None:
@@ -118,14 +145,17 @@ def cpt_config(run_dir: Path, held_out: Path, args: argparse.Namespace) -> DeptC
 
 
 def measure(args: argparse.Namespace) -> list[dict[str, Any]]:
-    """One row per method (and the fresh body): zero-shot and after-CPT bits per byte."""
+    """One row per method (and the fresh body): zero-shot and after-CPT bits per byte; the
+    earlier rows of methods not measured now, kept, and the fresh body measured once."""
     [spec] = load_sources(args.held_out)
-    runs = best_runs(args.comparison)
+    runs = best_runs(args.comparison, args.methods)
     first = next(iter(runs.values()))[1]
     cfg = cpt_config(first, args.held_out, args)
     report = json.loads((args.comparison / "comparison.json").read_text())["methods"]
+    kept = [r for r in earlier_rows(args) if r["method"] not in runs]
+    todo = [*runs.items()] + [(FRESH, (0.0, first))] * all(r["method"] != FRESH for r in kept)
     rows = []
-    for method, (lr, run_dir) in [*runs.items(), (FRESH, (0.0, first))]:
+    for method, (lr, run_dir) in todo:
         row: dict[str, Any] = {"method": method, "lr": lr}
         fresh = method == FRESH
         row["in_distribution_bpb"] = None if fresh else _average(report[method]["sources"])
@@ -138,7 +168,8 @@ def measure(args: argparse.Namespace) -> list[dict[str, Any]]:
         row["cpt_tokens"] = run.tokens_trained
         log.info("%s: %s", method, row)
         rows.append(row)
-    return rows
+    order = {method: i for i, method in enumerate([*report, FRESH])}
+    return sorted(kept + rows, key=lambda r: order.get(r["method"], len(order)))
 
 
 def _average(sources: dict[str, dict[str, float]]) -> float:
@@ -168,7 +199,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     [spec] = load_sources(args.held_out)
-    rows = measure(args)
+    try:
+        rows = measure(args)
+    except ConfigError as error:
+        raise SystemExit(f"ood: {error}") from None
     columns = ("method", "lr", "in-distribution", "zero-shot", "after CPT")
     keys = ("lr", "in_distribution_bpb", "zero_shot_bpb", "cpt_bpb")
     table = [[r["method"], *(r[k] if r[k] else float("nan") for k in keys)] for r in rows]
@@ -184,6 +218,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--comparison", type=Path, required=True, help="a dept compare --out")
     parser.add_argument("--held-out", type=Path, required=True, help="sources file of one source")
+    parser.add_argument(
+        "--methods",
+        type=lambda text: text.split(","),
+        help="comma-separated methods of the comparison to score (default: all); rows --out "
+        "holds for others are kept",
+    )
     parser.add_argument("--cpt-steps", type=int, default=100, help="CPT steps for every body")
     parser.add_argument("--cpt-lr", type=float, default=0.002, help="CPT's learning rate")
     parser.add_argument("--work", type=Path, default=Path("outputs/ood"), help="models, CPT runs")

@@ -191,11 +191,19 @@ def _the_ood_table_scores_each_body_on_a_held_out_source(tmp_path: Path, compari
     held_out = synthetic_sources(tmp_path / "held-out", "cyrillic")
     out = tmp_path / "ood"
     argv = ["--comparison", str(comparison), "--held-out", str(held_out), "--cpt-steps", "2"]
+    argv += ["--work", str(tmp_path / "ood-work"), "--out", str(out)]
 
-    assert ood.main([*argv, "--work", str(tmp_path / "ood-work"), "--out", str(out)]) == 0
+    # method by method, as a comparison spread over sessions finishes its sweeps
+    assert ood.main([*argv, "--methods", "std-0,glob"]) == 0
+    first = {r["method"]: r for r in json.loads((out / "ood.json").read_text())["runs"]}
+    assert set(first) == {"std-0", "glob", ood.FRESH}
+    assert ood.main([*argv, "--methods", "trim,spec-opt"]) == 0
 
     rows = {r["method"]: r for r in json.loads((out / "ood.json").read_text())["runs"]}
-    assert set(rows) == {"std-0", "glob", "trim", "spec-opt", ood.FRESH}
+    assert list(rows) == ["std-0", "glob", "trim", "spec-opt", ood.FRESH]  # the comparison's order
+    assert rows[ood.FRESH] == first[ood.FRESH] and rows["glob"] == first["glob"]  # kept
+    with pytest.raises(SystemExit, match="--methods spec: not a finished method"):
+        ood.main([*argv, "--methods", "spec"])
     zero_shot = {m for m, r in rows.items() if r["zero_shot_bpb"] is not None}
     assert zero_shot == {"std-0", "glob", "trim"}, "SPEC-OPT has no model for unseen text"
     assert all(r["cpt_bpb"] > 0 and r["cpt_tokens"] > 0 for r in rows.values())
