@@ -103,19 +103,48 @@ def debug_config(tmp_path: Path) -> DeptConfig:
     return load_config(debug_run_config(tmp_path))
 
 
+@pytest.fixture(autouse=True)
+def _project_loggers_propagate() -> None:
+    """Every test starts with the project's loggers as the core leaves them (propagating to
+    the root, where ``caplog`` listens), whatever app an earlier test in this worker ran
+    (:func:`dept.logs.route_to` gives them Flower's handlers and stops their propagation);
+    a test that runs an app itself and reads its records takes :func:`project_log`."""
+    for name in PROJECT_LOGGERS:
+        logger = logging.getLogger(name)
+        logger.handlers.clear()
+        logger.propagate = True
+
+
+class ProjectLog(logging.Handler):
+    """The project's records of one whole test, each once, whatever routes them (caplog's
+    handler is another one per test phase, and sees them only while they propagate)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+    @property
+    def text(self) -> str:
+        return "\n".join(record.getMessage() for record in self.records)
+
+
 @pytest.fixture
-def project_log(caplog: pytest.LogCaptureFixture) -> Iterator[pytest.LogCaptureFixture]:
-    """``caplog`` that sees the project's records even after an app routed them to
+def project_log(_project_loggers_propagate: None) -> Iterator[ProjectLog]:
+    """The project's log records at INFO and above, even after an app routed them to
     Flower's handlers (:func:`dept.logs.route_to` stops their propagation to the root)."""
     loggers = [logging.getLogger(name) for name in PROJECT_LOGGERS]
+    handler = ProjectLog()
     for logger in loggers:
-        logger.addHandler(caplog.handler)
-    caplog.set_level(logging.INFO)
+        logger.addHandler(handler)
+        logger.setLevel(logging.INFO)
     try:
-        yield caplog
+        yield handler
     finally:
         for logger in loggers:
-            logger.removeHandler(caplog.handler)
+            logger.removeHandler(handler)
 
 
 @pytest.fixture

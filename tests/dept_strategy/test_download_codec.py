@@ -4,7 +4,6 @@ server's body (its digest), and a node given a wrong body fetches the whole one 
 from __future__ import annotations
 
 import json
-import logging
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +17,7 @@ from dept.train import held_body
 from dept.wire import keys
 from server_app.federation import run_federation
 from server_app.local_grid import LocalGrid
+from tests.conftest import ProjectLog
 from tests.helpers import debug_run_config
 
 SOURCES = ("synth-latin", "synth-greek")
@@ -117,9 +117,8 @@ def test_int4_sends_the_change_down_and_learns_as_float32_does(
 
 
 def test_a_node_given_a_wrong_body_fetches_the_whole_one_and_trains_that_round(
-    tmp_path: Path, node_cache: Path, caplog: pytest.LogCaptureFixture
+    tmp_path: Path, node_cache: Path, project_log: ProjectLog
 ) -> None:
-    caplog.set_level(logging.INFO)
     victim = SOURCES[1]
     # TRIM: each message also carries the source's φ rows, as float32 beside the change
     trim = {"variant": "trim", "global-vocab-size": 600, "download-compression": "int8"}
@@ -127,7 +126,7 @@ def test_a_node_given_a_wrong_body_fetches_the_whole_one_and_trains_that_round(
 
     assert summary["failed_replies"] == summary["rejected_updates"] == 0
     assert rounds[3]["sources"][victim]["tokens"] > 0, "it trained in the round it was damaged"
-    assert f"source {victim} does not hold the body" in caplog.text
+    assert f"source {victim} does not hold the body" in project_log.text
     assert rounds[3]["bytes_down"] > 1.9 * rounds[2]["bytes_down"], "the whole body went down"
     assert len(_held_digests(tmp_path / "state")) == 1, "and it holds the server's body again"
 

@@ -18,6 +18,7 @@ from dept_strategy.history import source_row
 from server_app.federation import run_federation
 from server_app.local_grid import LocalGrid
 from server_app.report import RunReport, render_table
+from tests.conftest import ProjectLog
 from tests.helpers import debug_run_config, synthetic_sources
 
 BROKEN = "source synth-greek: ValueError: its data cannot be read"
@@ -170,16 +171,15 @@ def test_drift_eval_off_writes_no_drift_and_scores_nothing_more(
 
 
 def test_a_round_without_evaluation_logs_its_training_loss_not_nan(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
+    tmp_path: Path, project_log: ProjectLog
 ) -> None:
     sources = synthetic_sources(tmp_path, "latin", "greek")
     run_config = debug_run_config(
         tmp_path, **{"sources-file": str(sources), "num-server-rounds": 3, "fraction-evaluate": 0.0}
     )
     nodes = [{"partition-id": i, "num-partitions": 2} for i in range(2)]
-    with caplog.at_level("INFO", logger="server_app.report"):
-        run_federation(LocalGrid(client_app, nodes, run_config), run_config)
-    done = [r.getMessage() for r in caplog.records if " done: " in r.getMessage()]
+    run_federation(LocalGrid(client_app, nodes, run_config), run_config)
+    done = [r.getMessage() for r in project_log.records if " done: " in r.getMessage()]
     assert len(done) == 4 and not any("nan" in line for line in done), done
     assert "avg val bpb" in done[0] and "avg val bpb" in done[3], "before and after the run"
     assert "avg train loss" in done[1] and "synth-latin" in done[1]

@@ -19,6 +19,7 @@ from dept.wire import keys
 from server_app.checkpoint import CheckpointError, load_latest
 from server_app.federation import run_federation
 from server_app.local_grid import LocalGrid
+from tests.conftest import ProjectLog
 from tests.helpers import assert_same_training, debug_run_config, synthetic_sources
 
 
@@ -113,7 +114,7 @@ def test_a_killed_run_resumes_to_the_uninterrupted_result(
     corrupt_latest: bool,
     model: str,
     device: str,
-    project_log: pytest.LogCaptureFixture,
+    project_log: ProjectLog,
     node_cache: Path,
 ) -> None:
     """The same numbers: bit for bit on the CPU, whose kernels are deterministic; within
@@ -212,7 +213,7 @@ def test_a_damaged_latest_checkpoint_falls_back_to_the_one_before(
     finished_run: tuple[Path, dict],
     damage: str,
     logged: str,
-    project_log: pytest.LogCaptureFixture,
+    project_log: ProjectLog,
 ) -> None:
     # Prepare: a finished 2-round run, then its newest checkpoint damaged
     base, config = finished_run

@@ -22,6 +22,7 @@ from server_app.run_status import (
     write_failed,
     write_finished,
 )
+from tests.conftest import ProjectLog
 from tests.helpers import debug_run_config
 
 
@@ -75,7 +76,7 @@ def test_the_traceback_of_a_failed_run_only_with_debug(
 
 
 def test_the_server_app_fails_in_one_line_and_flower_marks_it_failed(
-    tmp_path: Path, project_log: pytest.LogCaptureFixture
+    tmp_path: Path, project_log: ProjectLog
 ) -> None:
     context = Context(
         run_id=1,

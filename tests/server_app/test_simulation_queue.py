@@ -19,6 +19,7 @@ from dept_strategy import discovery
 from server_app import federation, nudges
 from server_app.federation import run_federation
 from server_app.local_grid import LocalGrid
+from tests.conftest import ProjectLog
 from tests.helpers import debug_run_config
 
 SERVICE_S = 0.4  # each message's turn on the one actor
@@ -52,7 +53,7 @@ def test_a_queued_node_is_waited_for_not_nudged(
     tmp_path: Path,
     node_cache: Path,
     monkeypatch: pytest.MonkeyPatch,
-    project_log: pytest.LogCaptureFixture,
+    project_log: ProjectLog,
     simulation: bool,
 ) -> None:
     # Prepare: four nodes on one actor; the thresholds below a place in the queue
