@@ -4,7 +4,8 @@ node's warm worker (:mod:`client_app.worker`).
 
 ``arrays`` in a train or evaluate message hold θ, plus φ for GLOB and φ's V_k rows for
 TRIM (float32); a train reply holds their pseudo-gradients, encoded as ``compression`` says
-(:mod:`dept.wire.compression`), and for TRIM the ids of the rows.
+(:mod:`dept.wire.compression`), and where it carries only some φ rows (TRIM, or
+``embedding-rows=seen``) their ids and counts (:mod:`dept.train.seen_rows`).
 """
 
 from __future__ import annotations
@@ -165,11 +166,10 @@ def _train(task: Task) -> RecordDict:
         fragments=_fragments(config),
     )
     payload = {k: npy_array(v.detach().cpu().numpy()) for k, v in result.payload.items()}
-    arrays = ArrayRecord(payload)  # compressed as configured; ids stay int32
-    if client.shared_ids is not None:
-        arrays[keys.EMBEDDING_IDS] = npy_array(client.shared_ids.astype(np.int32))
+    arrays = ArrayRecord(payload)  # compressed as configured; φ's row ids and counts int32
     metrics = MetricRecord(
         {
+            **result.metrics,
             keys.NUM_EXAMPLES: result.stats.tokens,
             keys.TRAIN_LOSS: result.stats.mean_loss,
             keys.TRAIN_FINAL_LOSS: result.stats.final_loss,

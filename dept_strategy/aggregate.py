@@ -10,9 +10,11 @@ Rules, for the tensors every accepted reply carries whole (θ, and GLOB's φ):
   (at most (n−1)/2 each) and average the rest; each source counts once;
 - ``median``: per coordinate, the median over sources.
 
-TRIM's φ rows are always the row-wise weighted mean over the sources that sent each row
-(sources hold different rows, so there is no common set to rank); a row nobody sent is
-reported as frozen so the outer step leaves it where it is.
+φ rows sent by only some sources (TRIM's V_k, and ``embedding-rows=seen``) are always the
+row-wise weighted mean over the sources that sent each row (sources hold different rows, so
+there is no common set to rank), each weighted by its source's tokens or its own occurrences
+(:attr:`~dept_strategy.spool.Spooled.row_weight`); a row nobody sent is reported as frozen
+so the outer step leaves it where it is.
 
 Memory, above the body and the outer optimizer's state: the mean holds one body-sized
 float32 sum while replies arrive, plus the reply being read (``server-memory=lean``: the sum
@@ -67,11 +69,11 @@ class RunningMean:
         self.weight += reply.weight
         rows = slice(None) if reply.rows is None else reply.rows
         for name in self.row_tensors:
-            self.row_weight[name][rows] += reply.weight
+            self.row_weight[name][rows] += reply.row_weight
         for name, value in reply.tensors() if tensors is None else tensors:
             mean = self.means[name]
             if name in self.row_tensors:  # (R, C) rows of which the reply holds ``rows``
-                share = reply.weight / self.row_weight[name][rows].reshape(-1, 1)
+                share = np.reshape(reply.row_weight / self.row_weight[name][rows], (-1, 1))
                 _fold(mean.reshape(mean.shape[0], -1), value, share, reply.rows, reply.scale)
             else:  # a whole tensor: R values of one column
                 share = np.broadcast_to(reply.weight / self.weight, (mean.size, 1))

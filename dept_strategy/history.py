@@ -357,6 +357,10 @@ def source_row(train: dict[str, float], ev: dict[str, float]) -> dict[str, float
         "bytes_down": int(train.get(keys.BYTES_RECEIVED, 0)),
         "update_rms": train.get("update_rms", math.nan),
         "update_max": train.get("update_max", math.nan),
+        # GLOB and TRIM: the φ update over the shared rows its round saw, and the rest
+        "embedding_rows_seen": int(train.get(keys.EMBEDDING_ROWS_SEEN, 0)),
+        "embedding_update_seen_rms": train.get(keys.EMBEDDING_UPDATE_SEEN_RMS, math.nan),
+        "embedding_update_unseen_rms": train.get(keys.EMBEDDING_UPDATE_UNSEEN_RMS, math.nan),
         "val_tokens": int(ev.get(keys.VAL_TOKENS, 0)),
         "val_bytes": int(ev.get(keys.VAL_BYTES, 0)),
     }

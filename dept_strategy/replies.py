@@ -15,7 +15,6 @@ import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 
-import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 
 from dept.wire import keys
@@ -27,6 +26,7 @@ from dept_strategy.screening import Flagged, SizeTally
 from dept_strategy.spool import RoundSpool, Spooled
 from dept_strategy.validation import (
     RejectedReply,
+    ReplyRows,
     check_train_reply,
     finite_metric,
     finite_metrics,
@@ -34,7 +34,7 @@ from dept_strategy.validation import (
     reply_source,
 )
 
-ExpectedShapes = Callable[[str], tuple[dict[str, tuple[int, ...]], np.ndarray | None]]
+ExpectedShapes = Callable[[str], tuple[dict[str, tuple[int, ...]], ReplyRows | None]]
 
 
 @dataclass(frozen=True)
@@ -42,8 +42,8 @@ class Intake:
     """Where a round's training replies go once checked, and what each must be: the shapes
     and φ rows a source was sent (``expected``), the most tokens a round can train, the
     compression, the φ tensor names (sized apart), the spool, the running mean (None
-    under a robust rule, which reads the spool instead), top-k's density and the units its
-    tensors are sized in (fragments)."""
+    under a robust rule, which reads the spool instead), top-k's density, the units its
+    tensors are sized in (fragments) and what weighs a sent φ row in its average."""
 
     expected: ExpectedShapes
     max_weight: float
@@ -53,6 +53,7 @@ class Intake:
     running: RunningMean | None
     density: float = TOPK_DENSITY
     units: dict[str, float] = field(default_factory=dict)  # SizeTally's, the same for all
+    row_weight: str = "tokens"  # (embedding-row-weight): a sent φ row's weight in its average
 
 
 @dataclass
@@ -173,7 +174,9 @@ class ReplyDesk:
         except OSError as exc:  # a full disk costs this reply, not the round
             self.rejected(target, f"the server could not keep it on disk ({exc})")
             return None
-        spooled = Spooled(path, update.weight, rows, tally.stats(), layout)
+        by_count = intake.row_weight == "occurrences"
+        row_weights = update.counts if by_count else None
+        spooled = Spooled(path, update.weight, update.rows, tally.stats(), layout, 1.0, row_weights)
         if intake.running is not None:
             intake.running.offer(target.source, spooled, update.tensors())
         return Arrival(target, spooled, update.metrics, bytes_up)

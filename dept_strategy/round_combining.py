@@ -33,6 +33,7 @@ from dept_strategy.replies import Arrival, Intake, ReplyDesk
 from dept_strategy.screening import UpdateStats, screen
 from dept_strategy.settings import StrategySettings
 from dept_strategy.spool import RoundSpool, Spooled
+from dept_strategy.validation import ReplyRows
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +50,7 @@ class RoundCombining:
     spool_dir: Path | None
     reference: UpdateStats | None
     _round_shapes: Callable[[int], dict[str, tuple[int, ...]]]
-    _expected: Callable[..., tuple[dict[str, tuple[int, ...]], np.ndarray | None]]
+    _expected: Callable[..., tuple[dict[str, tuple[int, ...]], ReplyRows | None]]
     _close: Callable[[ReplyDesk], None]
 
     def _step(
@@ -81,6 +82,7 @@ class RoundCombining:
                 running,
                 self.settings.topk_density,
                 self._units(server_round, max_weight),
+                self.settings.embedding_row_weight,
             )
             arrivals = desk.take_train(replies, intake)
             self._close(desk)

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dept.config import COMPRESSIONS, DOWNLOADS, SERVER_MEMORIES, privacy_conflict
+from dept.model.variants import EMBEDDING_ROWS
 from dept.wire.compression import TOPK_DENSITY
 from dept_strategy.privacy import CentralPrivacy
 from dept_strategy.screening import Defences
@@ -36,6 +37,8 @@ class StrategySettings:
     # the φ tensors among the outer optimizer's (GLOB, TRIM)
     embedding_names: tuple[str, ...] = ()
     trim: bool = False  # send each source only its V_k rows of them (TRIM)
+    embedding_rows: str = "all"  # (embedding-rows): which φ rows a reply carries
+    embedding_row_weight: str = "tokens"  # (embedding-row-weight): a sent row's weight
     compression: str = "none"  # (compression): how clients encode what they send up
     topk_density: float = TOPK_DENSITY  # (topk-density)
     spool_dir: Path | None = None  # where a round's replies wait (default: a temporary folder)
@@ -72,7 +75,10 @@ class StrategySettings:
             raise ValueError(f"server_memory must be one of {SERVER_MEMORIES}")
         if not 0 < self.topk_density <= 1:
             raise ValueError(f"topk_density must be in (0, 1], got {self.topk_density}")
+        if self.embedding_rows not in EMBEDDING_ROWS:
+            raise ValueError(f"embedding_rows must be one of {EMBEDDING_ROWS}")
         if self.privacy.on:
-            why = privacy_conflict(self.defences.aggregation, self.trim, self.fragments)
+            some_rows = self.trim or self.embedding_rows == "seen"
+            why = privacy_conflict(self.defences.aggregation, some_rows, self.fragments)
             if why:
                 raise ValueError(f"central differential privacy: {why}")

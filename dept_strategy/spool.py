@@ -29,9 +29,11 @@ Layout = dict[str, tuple[int, tuple[int, ...]]]  # tensor name -> (byte offset, 
 
 @dataclass(frozen=True)
 class Spooled:
-    """One reply on disk: its token weight, its φ row ids (TRIM), its sizes, the factor it
-    is combined with (below 1 once clipped: :mod:`dept_strategy.screening`), and where in
-    its file each tensor starts (``layout``: name → (byte offset, shape))."""
+    """One reply on disk: its token weight, its φ row ids (where it carries only some: TRIM,
+    ``embedding-rows=seen``), its sizes, the factor it is combined with (below 1 once
+    clipped: :mod:`dept_strategy.screening`), where in its file each tensor starts
+    (``layout``: name → (byte offset, shape)) and, where its rows are not weighted by its
+    tokens, each row's own weight (``embedding-row-weight=occurrences``)."""
 
     path: Path
     weight: float
@@ -39,6 +41,12 @@ class Spooled:
     stats: UpdateStats
     layout: Layout
     scale: float = 1.0
+    row_weights: np.ndarray | None = None
+
+    @property
+    def row_weight(self) -> float | np.ndarray:
+        """The weight of each φ row it carries in that row's average."""
+        return self.weight if self.row_weights is None else self.row_weights
 
     def read(
         self, name: str, start: int = 0, stop: int | None = None, out: np.ndarray | None = None

@@ -53,6 +53,7 @@ from dept_strategy.replies import ReplyDesk
 from dept_strategy.round_combining import RoundCombining
 from dept_strategy.screening import UpdateStats, median_stats
 from dept_strategy.settings import StrategySettings
+from dept_strategy.validation import ReplyRows
 from dept_strategy.vocabularies import SourceVocabularies
 
 log = logging.getLogger(__name__)
@@ -257,11 +258,17 @@ class DeptStrategy(RoundCombining, Strategy):
 
     def _expected(
         self, shapes: dict[str, tuple[int, ...]], source: str
-    ) -> tuple[dict[str, tuple[int, ...]], np.ndarray | None]:
-        """Shapes of ``shapes`` a reply from ``source`` must have, and its φ row ids (TRIM)."""
-        if self.vocabularies is None:
-            return shapes, None
-        return self.vocabularies.expected(source, shapes, self.embedding_names)
+    ) -> tuple[dict[str, tuple[int, ...]], ReplyRows | None]:
+        """Shapes of ``shapes`` a reply from ``source`` must have, and which φ rows it may
+        carry where not φ whole (TRIM's V_k; with ``embedding-rows=seen`` those its round
+        saw)."""
+        seen = self.settings.embedding_rows == "seen"
+        if self.vocabularies is not None:
+            return shapes, self.vocabularies.rows(source, self.embedding_names, seen)
+        if seen and self.embedding_names:
+            rows = self.shapes[self.embedding_names[0]][0]
+            return shapes, ReplyRows(self.embedding_names, rows, seen=True)
+        return shapes, None
 
     def _messages(
         self, arrays: ArrayRecord, config: ConfigRecord, targets: dict[str, int], message_type: str

@@ -63,10 +63,25 @@ def reply_source(content: RecordDict) -> str:
 
 
 @dataclass(frozen=True)
+class ReplyRows:
+    """Which rows of the φ tensors ``names`` a training reply may carry (GLOB, TRIM): of
+    ``allowed`` (sorted global ids: TRIM's V_k; None: any of the ``num_rows``), every one
+    (TRIM under ``embedding-rows=all``), or with ``seen`` those its round saw, a non-empty
+    subset named by their ids, each with how often its token occurred."""
+
+    names: tuple[str, ...]
+    num_rows: int
+    allowed: np.ndarray | None = None
+    seen: bool = False
+
+
+@dataclass(frozen=True)
 class TrainUpdate:
     """A reply's pseudo-gradient as it travelled (read-only views of the message's arrays),
     its weight and its finite metrics; :meth:`tensors` decodes it one tensor at a time
-    (``density``: top-k's share of values, which fixes how many each tensor must hold)."""
+    (``density``: top-k's share of values, which fixes how many each tensor must hold).
+    ``rows``: the global ids of the φ rows it carries (None: φ whole, or none), with
+    ``counts`` (``embedding-rows=seen``) how often each occurred in its round."""
 
     arrays: dict[str, np.ndarray]
     shapes: dict[str, tuple[int, ...]]
@@ -74,6 +89,8 @@ class TrainUpdate:
     weight: float
     metrics: dict[str, float]
     density: float = TOPK_DENSITY
+    rows: np.ndarray | None = None
+    counts: np.ndarray | None = None
 
     def tensors(self) -> Iterator[tuple[str, np.ndarray]]:
         """(name, float32 value) in the order of ``shapes``, or :class:`RejectedReply` at the
@@ -90,7 +107,7 @@ def check_train_reply(
     content: RecordDict,
     shapes: dict[str, tuple[int, ...]],
     max_weight: float,
-    row_ids: np.ndarray | None = None,
+    rows: ReplyRows | None = None,
     compression: str = "none",
     density: float = TOPK_DENSITY,
 ) -> TrainUpdate:
@@ -100,7 +117,8 @@ def check_train_reply(
 
     The weight is tokens trained, so it cannot exceed what the round's local steps can
     consume (``max_weight``): a larger claim would let one client outweigh all others.
-    ``row_ids`` (TRIM) are the φ rows the source was sent; the reply must name the same.
+    ``rows`` (GLOB and TRIM where a reply carries only some φ rows): which it may name
+    (:class:`ReplyRows`); ``shapes`` are the whole tensors', φ's cut to the rows named.
     ``compression`` is how every client encodes its Δ (:mod:`dept.wire.compression`), with
     top-k's ``density``.
     """
@@ -111,22 +129,60 @@ def check_train_reply(
     weight = finite_metric(metrics, keys.NUM_EXAMPLES)
     if not 0 < weight <= max_weight:
         raise RejectedReply(f"'{keys.NUM_EXAMPLES}' is {weight}; expected (0, {max_weight:.0f}]")
-    if row_ids is not None:
-        if keys.EMBEDDING_IDS not in arrays:
-            raise RejectedReply(f"no '{keys.EMBEDDING_IDS}' beside the embedding rows")
-        if not np.array_equal(_read(arrays, keys.EMBEDDING_IDS), row_ids):
-            raise RejectedReply(f"'{keys.EMBEDDING_IDS}' differ from the rows it was sent")
+    ids = counts = None
+    beside: set[str] = set()
+    if rows is not None:
+        ids, counts = _row_ids(arrays, rows, weight)
+        beside = {keys.EMBEDDING_IDS, keys.EMBEDDING_COUNTS} if rows.seen else {keys.EMBEDDING_IDS}
+        shapes = {n: (len(ids), *s[1:]) if n in rows.names else s for n, s in shapes.items()}
     expected = payload_keys(set(shapes), compression)
-    names = set(arrays.keys())
-    if row_ids is not None:
-        names.discard(keys.EMBEDDING_IDS)
+    names = set(arrays.keys()) - beside
     missing, extra = sorted(expected - names), sorted(names - expected)
     if missing or extra:
         raise RejectedReply(
             f"keys differ from what was sent: missing {missing[:3]}, unexpected {extra[:3]}"
         )
     views = {name: _read(arrays, name) for name in sorted(expected)}
-    return TrainUpdate(views, shapes, compression, weight, finite_metrics(metrics), density)
+    found = finite_metrics(metrics)
+    return TrainUpdate(views, shapes, compression, weight, found, density, ids, counts)
+
+
+def _row_ids(
+    arrays: ArrayRecord, rows: ReplyRows, weight: float
+) -> tuple[np.ndarray, np.ndarray | None]:
+    """(the φ row ids a reply names, their occurrence counts where ``rows.seen``), or
+    :class:`RejectedReply`. Under ``seen`` the ids are a non-empty sorted subset of what the
+    source holds, and each count at least 1 and all of them together at most two per
+    token trained (a sequence of T + 1 tokens trains T); else exactly what it holds."""
+    if keys.EMBEDDING_IDS not in arrays:
+        raise RejectedReply(f"no '{keys.EMBEDDING_IDS}' beside the embedding rows")
+    ids = _read(arrays, keys.EMBEDDING_IDS)
+    if not rows.seen:
+        if rows.allowed is None or not np.array_equal(ids, rows.allowed):
+            raise RejectedReply(f"'{keys.EMBEDDING_IDS}' differ from the rows it was sent")
+        return ids.astype(np.int64), None
+    _check_ids(ids, rows.num_rows)
+    if rows.allowed is not None and not np.isin(ids, rows.allowed).all():
+        raise RejectedReply(f"'{keys.EMBEDDING_IDS}' names rows the source was not sent")
+    if keys.EMBEDDING_COUNTS not in arrays:
+        raise RejectedReply(f"no '{keys.EMBEDDING_COUNTS}' beside the embedding rows")
+    counts = _read(arrays, keys.EMBEDDING_COUNTS)
+    if counts.shape != ids.shape or not np.issubdtype(counts.dtype, np.integer):
+        raise RejectedReply(f"'{keys.EMBEDDING_COUNTS}' must be one integer per row id")
+    if counts.min() < 1 or counts.sum(dtype=np.float64) > 2 * weight:
+        raise RejectedReply(
+            f"'{keys.EMBEDDING_COUNTS}' must be >= 1 each and at most {2 * weight:.0f} in all "
+            f"(two per token trained)"
+        )
+    return ids.astype(np.int64), counts.astype(np.float64)
+
+
+def _check_ids(ids: np.ndarray, num_rows: int) -> None:
+    """Row ids must be a non-empty, sorted, unique 1-D integer array below ``num_rows``."""
+    if ids.ndim != 1 or ids.size == 0 or not np.issubdtype(ids.dtype, np.integer):
+        raise RejectedReply(f"'{keys.EMBEDDING_IDS}' must be a non-empty 1-D integer array")
+    if ids[0] < 0 or ids[-1] >= num_rows or not (np.diff(ids) > 0).all():
+        raise RejectedReply(f"'{keys.EMBEDDING_IDS}' must be sorted unique ids in [0, {num_rows})")
 
 
 def check_vocabulary(content: RecordDict, num_rows: int) -> np.ndarray:
@@ -135,10 +191,7 @@ def check_vocabulary(content: RecordDict, num_rows: int) -> np.ndarray:
     if arrays is None or keys.EMBEDDING_IDS not in arrays:
         raise RejectedReply(f"the vocabulary reply has no '{keys.EMBEDDING_IDS}' array")
     ids = _read(arrays, keys.EMBEDDING_IDS)
-    if ids.ndim != 1 or ids.size == 0 or not np.issubdtype(ids.dtype, np.integer):
-        raise RejectedReply(f"'{keys.EMBEDDING_IDS}' must be a non-empty 1-D integer array")
-    if ids[0] < 0 or ids[-1] >= num_rows or not (np.diff(ids) > 0).all():
-        raise RejectedReply(f"'{keys.EMBEDDING_IDS}' must be sorted unique ids in [0, {num_rows})")
+    _check_ids(ids, num_rows)
     return ids.astype(np.int64)
 
 

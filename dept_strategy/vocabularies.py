@@ -18,7 +18,7 @@ from dept.wire import keys
 from dept_strategy.history import RunHistory
 from dept_strategy.inflight import Target
 from dept_strategy.queries import send_queries
-from dept_strategy.validation import RejectedReply, check_vocabulary, reply_source
+from dept_strategy.validation import RejectedReply, ReplyRows, check_vocabulary, reply_source
 
 log = logging.getLogger(__name__)
 
@@ -38,14 +38,12 @@ class SourceVocabularies:
         rows = self.ids[source]
         return ArrayRecord({n: Array(phi[n][rows]) if n in phi else arrays[n] for n in arrays})
 
-    def expected(
-        self, source: str, shapes: dict[str, tuple[int, ...]], row_tensors: tuple[str, ...]
-    ) -> tuple[dict[str, tuple[int, ...]], np.ndarray]:
-        """Shapes a reply from ``source`` must have, and the φ row ids it must name."""
+    def rows(self, source: str, row_tensors: tuple[str, ...], seen: bool) -> ReplyRows:
+        """The φ rows a reply from ``source`` may name: its V_k, all of it or (``seen``)
+        the rows its round saw."""
         if source not in self.ids:
             raise RejectedReply(f"no vocabulary is known for source {source!r}")
-        rows = self.ids[source]
-        return {n: (len(rows), *s[1:]) if n in row_tensors else s for n, s in shapes.items()}, rows
+        return ReplyRows(row_tensors, self.num_rows, self.ids[source], seen)
 
     def ensure(
         self, grid: Grid, targets: dict[str, int], server_round: int, history: RunHistory

@@ -217,6 +217,8 @@ def _build_strategy(cfg: DeptConfig, run_id: str, *, simulation: bool) -> DeptSt
         seed=cfg.seed,
         embedding_names=embedding_names,
         trim=variant(cfg.variant).embeddings == "rows",
+        embedding_rows=cfg.embedding_rows,
+        embedding_row_weight=cfg.embedding_row_weight,
         compression=cfg.compression,
         topk_density=cfg.topk_density,
         spool_dir=resolve_path(cfg.output_dir) / SPOOL_DIR,

@@ -1,4 +1,5 @@
-"""The rooms of the code (``../STYLE.md`` habit 1), enforced: which package may import which.
+"""The rooms of the code (the house style's first habit, docs/layout.md), enforced: which
+package may import which.
 
 The core (``dept``) has no Flower and nothing that builds on it; the client app needs the core
 only (the message contract lives there), so a node never installs the server's logic to run.
@@ -118,20 +119,6 @@ def test_no_module_imports_itself_back_through_others() -> None:
         graphlib.TopologicalSorter(graph).prepare()
     except graphlib.CycleError as error:
         pytest.fail("a module imports itself back: " + " -> ".join(reversed(error.args[1])))
-
-
-MAX_LINES = 400
-
-
-def test_no_module_of_ours_is_over_400_lines() -> None:
-    """A module that grows past this holds more than one job: split it by concern."""
-    long = {
-        str(path.relative_to(ROOT)): n
-        for pkg in OURS
-        for path in (ROOT / pkg).rglob("*.py")
-        if (n := len(path.read_text().splitlines())) > MAX_LINES
-    }
-    assert not long, f"over {MAX_LINES} lines: {long}"
 
 
 def test_the_check_sees_a_late_import(tmp_path: Path) -> None:

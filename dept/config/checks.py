@@ -75,9 +75,9 @@ def check_values(cfg: Any) -> None:
     _check("dp_noise_multiplier", cfg.dp_noise_multiplier >= 0, "must be >= 0 (0: off)")
     _check("dp_clip_norm", cfg.dp_clip_norm > 0, "must be > 0")
     _check("dp_delta", 0 < cfg.dp_delta < 1, "must be in (0, 1)")
-    conflict = privacy_conflict(
-        cfg.aggregation, VARIANTS[cfg.variant].embeddings == "rows", cfg.fragments
-    )
+    shares = VARIANTS[cfg.variant].embeddings
+    some_rows = shares == "rows" or (shares == "all" and cfg.embedding_rows == "seen")
+    conflict = privacy_conflict(cfg.aggregation, some_rows, cfg.fragments)
     _check("dp_noise_multiplier", cfg.dp_noise_multiplier == 0 or not conflict, conflict)
     _check("topk_density", 0 < cfg.topk_density <= 1, "must be in (0, 1]")
     _check("fragments", cfg.fragments >= 1, "must be >= 1")
@@ -132,18 +132,20 @@ def _check_installed(name: str, used: bool, package: str) -> None:
         )
 
 
-def privacy_conflict(aggregation: str, trim: bool, fragments: int) -> str:
+def privacy_conflict(aggregation: str, some_rows: bool, fragments: int) -> str:
     """Why central DP (dp-noise-multiplier) cannot hold its ε with these settings; ""
-    where it can (:mod:`dept_strategy.privacy`)."""
+    where it can (:mod:`dept_strategy.privacy`). ``some_rows``: a reply carries only some
+    φ rows (trim, or embedding-rows=seen), each averaged over the sources that sent it."""
     if aggregation != "mean":
         return (
             f"aggregation {aggregation!r} ranks values across sources, so one source's "
             "effect on the result is not bounded by its clipped norm; use aggregation='mean'"
         )
-    if trim:
+    if some_rows:
         return (
-            "trim averages each φ row over the sources that hold it, so a source alone on a "
-            "row sets it whatever the clipping; use glob, spec or spec-opt"
+            "each φ row is averaged over the sources that sent it (trim, or "
+            "embedding-rows='seen'), so a source alone on a row sets it whatever the "
+            "clipping; use glob with embedding-rows='all', spec or spec-opt"
         )
     if fragments > 1:
         return (

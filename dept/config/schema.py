@@ -20,7 +20,13 @@ from dept.config.names import (
     doc,
 )
 from dept.model.outer_optimizers import OUTER_OPTIMIZERS, OuterName
-from dept.model.variants import VARIANTS, VariantName
+from dept.model.variants import (
+    VARIANTS,
+    EmbeddingRowsName,
+    RowWeightName,
+    UnseenRowsName,
+    VariantName,
+)
 
 
 @dataclass
@@ -38,6 +44,25 @@ class DeptConfig:
         "a bare size means llama), or the path of a Hugging Face config.json of such a family",
     )
     tie_embeddings: bool = doc(True, "tie input and output embeddings (untied, φ holds both)")
+    embedding_rows: EmbeddingRowsName = doc(
+        "seen",
+        "glob and trim: which of a source's shared φ rows its reply carries: all (every one, "
+        "every round), seen (those of the tokens its round's batches held, with how often; "
+        "each row is averaged over the sources that sent it, a row nobody sent stays put), "
+        "seen-zero-filled (an ablation: every row, those not seen as a zero update); spec "
+        "and spec-opt share no rows",
+    )
+    embedding_row_weight: RowWeightName = doc(
+        "tokens",
+        "embedding-rows=seen: a sent row's weight in its average, the tokens its source "
+        "trained (as the body's) or the times its token occurred in the source's round",
+    )
+    unseen_rows: UnseenRowsName = doc(
+        "train",
+        "embedding-rows=seen: what a source's local training does with the shared rows its "
+        "round has not seen yet: train them as any other (they are not sent), or freeze them "
+        "until a batch holds their token",
+    )
     num_server_rounds: int = doc(3, "federated rounds; >= 1")
     local_steps: int = doc(25, "inner optimizer steps per source and round (N_local); >= 1")
     round_time_s: float = doc(

@@ -21,10 +21,18 @@ no flag below describes.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, get_args
 
 VariantName = Literal["glob", "trim", "spec", "spec-opt"]
 Sharing = Literal["none", "rows", "all"]
+# Which of the φ rows a source shares go up after its round (GLOB, TRIM): every one, or those
+# of the tokens its round's batches held (dept.train.seen_rows says why), each averaged over
+# the sources that sent it; "seen-zero-filled" (an ablation) sends every row, those its round
+# did not see as a zero update, so they are averaged over every source as under "all".
+EmbeddingRowsName = Literal["all", "seen", "seen-zero-filled"]
+EMBEDDING_ROWS: tuple[EmbeddingRowsName, ...] = get_args(EmbeddingRowsName)
+RowWeightName = Literal["tokens", "occurrences"]  # a sent row's weight in its average
+UnseenRowsName = Literal["train", "freeze"]  # local training of rows not seen yet (seen)
 
 
 @dataclass(frozen=True)

@@ -106,6 +106,7 @@ class RankResult(NamedTuple):
     payload: dict[str, torch.Tensor]
     stats: TrainStats
     state_event: str
+    metrics: dict[str, float]
 
 
 def check_nproc(cfg: DeptConfig, spec: SourceSpec) -> None:
@@ -245,21 +246,29 @@ def _message(failure: ProcessFailure) -> str:
     return str(message)
 
 
-def write_result(folder: Path, result: RoundResult, compression: str) -> None:
-    """Rank 0's part: the round's result for the node's process (:func:`read_result`)."""
+def write_result(folder: Path, result: RoundResult) -> None:
+    """Rank 0's part: the round's result for the node's process (:func:`read_result`). Of
+    the payload only what is not the delta's own tensor is written (all of it under a
+    compression; φ's sent rows and their ids)."""
     save_tensors(result.delta, folder / DELTA_FILE)
-    if compression != "none":  # else the payload is the delta itself
-        save_tensors(result.payload, folder / PAYLOAD_FILE)
-    info = {"stats": asdict(result.stats), "state_event": result.state_event}
+    own = {n: v for n, v in result.payload.items() if v is not result.delta.get(n)}
+    save_tensors(own, folder / PAYLOAD_FILE)
+    info = {
+        "stats": asdict(result.stats),
+        "state_event": result.state_event,
+        "metrics": result.metrics,
+        "payload": list(result.payload),
+    }
     (folder / RESULT_FILE).write_text(json.dumps(info))
 
 
 def read_result(folder: Path) -> RankResult:
     info = json.loads((folder / RESULT_FILE).read_text())
     delta = load_file(str(folder / DELTA_FILE))
-    payload_file = folder / PAYLOAD_FILE
-    payload = load_file(str(payload_file)) if payload_file.is_file() else dict(delta)
-    return RankResult(delta, payload, TrainStats(**info["stats"]), info["state_event"])
+    own = load_file(str(folder / PAYLOAD_FILE))
+    payload = {n: own[n] if n in own else delta[n] for n in info["payload"]}
+    stats = TrainStats(**info["stats"])
+    return RankResult(delta, payload, stats, info["state_event"], info["metrics"])
 
 
 def read_job(folder: Path) -> tuple[RankJob, dict[str, torch.Tensor]]:

@@ -22,7 +22,7 @@ import logging
 import math
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -89,6 +89,8 @@ class RoundResult:
     stats: TrainStats
     state_event: str = ""  # what the source reports of its saved state (:func:`state_event`)
     local_val_bpb: float | None = None  # drift-eval: its own model's score, before averaging
+    # what else the reply's metrics say of the round (the φ update over seen and unseen rows)
+    metrics: dict[str, float] = field(default_factory=dict)
 
 
 def lr_at(step: int, cfg: DeptConfig) -> float:

@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> None:
             ranks=ranks,
         )
         if ranks.writes:
-            write_result(folder, result, cfg.compression)
+            write_result(folder, result)
     finally:
         ranks.close()
 

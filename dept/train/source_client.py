@@ -66,6 +66,14 @@ from dept.train.local import (
 from dept.train.payload import body_files, round_payload
 from dept.train.prepare import prepare_source
 from dept.train.ranks import OneProcess
+from dept.train.seen_rows import (
+    FrozenUntilSeen,
+    SeenTokens,
+    SentRows,
+    row_update_sizes,
+    sent_rows,
+    zero_unseen,
+)
 from dept.train.sharing import own_parameters, shared_parameters, shared_state
 from dept.wire.fragments import FragmentPlan, HeldBody, start_body
 
@@ -251,6 +259,9 @@ class SourceClient:
         )
         if self.vocab_map is not None:
             batches = (self.vocab_map.to_local(b) for b in batches)
+        seen = SeenTokens(self.vocab_size) if self.variant.shares_embeddings else None
+        if seen is not None:  # every rank counts whole batches, before its share is cut
+            batches = seen.watch(batches)
         stats = train_local(
             trained,
             optimizer,
@@ -258,6 +269,7 @@ class SourceClient:
             self.cfg,
             start_step=global_step,
             desc=f"round {server_round} {self.spec.name}",
+            after_step=self._freeze_unseen(model, seen),
             budget=StepBudget.of(self.cfg),  # round-time-s: as many steps as fit
             agree=ranks.agree,
             vocab_map=self.vocab_map,
@@ -266,8 +278,9 @@ class SourceClient:
         ranks.unshard(model)
         local = shared_state(model, self.variant, self._shared_rows())
         delta = {name: base[name].float() - local[name] for name in base}
+        update, rows = self._sent_update(delta, seen)
         payload, residual = self._payload(
-            delta, state, base, global_step, fragments, server_round=server_round
+            update, state, base, global_step, fragments, server_round=server_round, rows=rows
         )
         kept = ranks.optimizer_state(optimizer) if self.cfg.keep_inner_optimizer else None
         if ranks.writes:
@@ -286,8 +299,38 @@ class SourceClient:
                     fragments.versions if fragments else (),
                 ),
             )
-        result = RoundResult(delta, payload, stats, event)
+        result = RoundResult(delta, payload, stats, event, metrics=self._row_sizes(delta, seen))
         return self._with_drift(result, base, server_round, attempt) if drift else result
+
+    def _freeze_unseen(
+        self, model: PreTrainedModel, seen: SeenTokens | None
+    ) -> FrozenUntilSeen | None:
+        """``unseen-rows=freeze`` (with ``embedding-rows=seen``): the step hook that keeps
+        the shared rows no batch has held yet where the round started them."""
+        if seen is None or self.cfg.embedding_rows != "seen" or self.cfg.unseen_rows != "freeze":
+            return None
+        return FrozenUntilSeen(embedding_parameters(model), self._shared_rows(), seen)
+
+    def _sent_update(
+        self, delta: dict[str, torch.Tensor], seen: SeenTokens | None
+    ) -> tuple[dict[str, torch.Tensor], SentRows | None]:
+        """(the update that goes up, the φ rows it carries where not all of φ) under
+        ``embedding-rows``: ``seen-zero-filled`` zeroes the rows the round did not see."""
+        if seen is None:
+            return delta, None
+        if self.cfg.embedding_rows == "seen-zero-filled":
+            phi = {n: v for n, v in delta.items() if n in EMBEDDING_NAMES}
+            delta = delta | zero_unseen(phi, seen.seen(self._shared_rows()))
+        return delta, sent_rows(self.variant, self.cfg.embedding_rows, self.shared_ids, seen)
+
+    def _row_sizes(
+        self, delta: dict[str, torch.Tensor], seen: SeenTokens | None
+    ) -> dict[str, float]:
+        """The φ update's size over the shared rows the round saw and over the rest."""
+        if seen is None:
+            return {}
+        phi = {n: v for n, v in delta.items() if n in EMBEDDING_NAMES}
+        return row_update_sizes(phi, seen.seen(self._shared_rows()))
 
     def _start(
         self,
@@ -344,7 +387,10 @@ class SourceClient:
             last_trained=last_trained,
             announce=announce,
         )
-        return RoundResult(*train_on_ranks(job, arrays, self.ws))
+        done = train_on_ranks(job, arrays, self.ws)
+        return RoundResult(
+            done.delta, done.payload, done.stats, done.state_event, metrics=done.metrics
+        )
 
     def _payload(
         self,
@@ -355,10 +401,13 @@ class SourceClient:
         plan: FragmentPlan | None = None,
         *,
         server_round: int,
+        rows: SentRows | None = None,
     ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
         """(what travels for ``delta``, what the next round adds back): :func:`round_payload`."""
         residual = state.residual if state is not None else {}
-        return round_payload(self.cfg, delta, residual, arrays, global_step, plan, server_round)
+        return round_payload(
+            self.cfg, delta, residual, arrays, global_step, plan, server_round, rows
+        )
 
     def local_score(
         self,

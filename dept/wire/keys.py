@@ -32,7 +32,9 @@ BODY_DIGEST = "body-digest"
 BASE_DIGEST = "base-digest"
 
 # Array keys besides θ's parameter names (``input``/``output`` are φ, GLOB and TRIM)
-EMBEDDING_IDS = "embedding-ids"  # TRIM: the global φ rows (V_k) a source holds, int32
+EMBEDDING_IDS = "embedding-ids"  # the global φ rows a message holds (TRIM's V_k; seen rows), int32
+# embedding-rows=seen: how often each row's token occurred in the source's round, int32
+EMBEDDING_COUNTS = "embedding-counts"
 # compression int8: "<name>@scale" beside each tensor's codes (dept.wire.compression.SCALE_SUFFIX)
 
 # ConfigRecord keys, client -> server (``info`` of a query reply)
@@ -61,3 +63,8 @@ VAL_TOKENS = "val-tokens"
 VAL_BYTES = "val-bytes"
 ORACLE_BPB = "oracle-bpb"  # best achievable bits per byte where known, else -1
 LOCAL_VAL_BPB = "local-val-bpb"  # train reply (drift-eval): own model before averaging
+# train reply, GLOB and TRIM: the φ update's RMS over the shared rows the round saw, and over
+# those it did not (moved by the softmax's push-down alone), and how many it saw
+EMBEDDING_UPDATE_SEEN_RMS = "embedding-update-seen-rms"
+EMBEDDING_UPDATE_UNSEEN_RMS = "embedding-update-unseen-rms"
+EMBEDDING_ROWS_SEEN = "embedding-rows-seen"

@@ -47,3 +47,15 @@ def train_reply(
         }
     )
     return Message(content, reply_to=instruction_to(strategy, node, source))
+
+
+def assert_rows_averaged_over_senders(arrays: ArrayRecord, phi: torch.Tensor) -> None:
+    """The φ of a round where s1 sent rows 0, 1 (moved by 1.0, 1 token) and s2 rows 1, 2
+    (by 3.0, 3 tokens), from ``phi``: each row the token-weighted mean of its senders', a
+    row nobody sent where it was; θ (moved as its φ rows) the mean of both."""
+    got = arrays["input"].numpy()
+    assert np.allclose(got[0], phi[0] - 1.0), "one sender: its own update, not diluted"
+    assert np.allclose(got[1], phi[1] - (1 * 1.0 + 3 * 3.0) / 4), "two: by tokens"
+    assert np.allclose(got[2], phi[2] - 3.0)
+    assert np.array_equal(got[3:], phi[3:].numpy()), "nobody's: where it was"
+    assert np.allclose(arrays["a"].numpy(), 1.0 - (1 * 1.0 + 3 * 3.0) / 4)

@@ -111,7 +111,12 @@ def test_without_dp_a_round_line_has_no_privacy_entry() -> None:
     ("override", "settings", "named"),
     [
         ({"aggregation": "trimmed-mean"}, {"defences": Defences("trimmed-mean")}, "'mean'"),
-        ({"variant": "trim"}, {"trim": True}, "use glob, spec or spec-opt"),
+        ({"variant": "trim"}, {"trim": True}, "use glob with embedding-rows='all'"),
+        (
+            {"variant": "glob", "embedding-rows": "seen"},
+            {"embedding_rows": "seen"},
+            "use glob with embedding-rows='all'",
+        ),
         ({"fragments": 2}, {"fragments": 2}, "fragments=1"),
     ],
 )

@@ -161,8 +161,9 @@ def _shared_run(
 def test_glob_and_trim_share_embeddings_and_trim_sends_fewer_rows(
     tmp_path: Path, node_cache: Path
 ) -> None:
-    glob, glob_grid = _shared_run(tmp_path, node_cache, "glob")
-    trim, trim_grid = _shared_run(tmp_path, node_cache, "trim")
+    every = {"embedding-rows": "all"}  # every row a source holds goes up: V_k < all
+    glob, glob_grid = _shared_run(tmp_path, node_cache, "glob", **every)
+    trim, trim_grid = _shared_run(tmp_path, node_cache, "trim", **every)
 
     for summary in (glob, trim):
         assert summary["rejected_updates"] == summary["failed_replies"] == 0
@@ -177,6 +178,33 @@ def test_glob_and_trim_share_embeddings_and_trim_sends_fewer_rows(
     assert trim["comm"]["bytes_up"] < glob["comm"]["bytes_up"]
     trimmed = load_file(str(tmp_path / "trim" / "out" / "embeddings.safetensors"))["input"]
     assert trimmed.shape[0] == 600, "the server keeps the whole global φ"
+
+
+@pytest.mark.parametrize("variant", ["glob", "trim"])
+def test_seen_rows_go_up_alone_and_the_run_learns(
+    tmp_path: Path, node_cache: Path, variant: str
+) -> None:
+    for rows in ("all", "seen"):
+        (tmp_path / rows).mkdir()
+    runs = {
+        rows: _shared_run(tmp_path / rows, node_cache, variant, **{"embedding-rows": rows})[0]
+        for rows in ("all", "seen")
+    }
+    seen, every = runs["seen"], runs["all"]
+
+    assert seen["rejected_updates"] == seen["failed_replies"] == 0
+    for name, source in seen["sources"].items():
+        assert source["val_bpb"] < source["initial_val_bpb"], name
+    assert seen["comm"]["bytes_down"] == every["comm"]["bytes_down"], "φ goes down as before"
+    assert seen["comm"]["bytes_up"] < every["comm"]["bytes_up"], "only the rows seen go up"
+    out = tmp_path / "seen" / variant / "out"
+    rounds = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    for row in rounds[1:]:
+        for name, source in row["sources"].items():
+            assert source["embedding_rows_seen"] > 0, name
+            assert source["embedding_update_seen_rms"] > 0, name
+    kept = load_file(str(out / "embeddings.safetensors"))["input"]
+    assert kept.shape[0] == 600, "the server keeps the whole global φ"
 
 
 def test_int8_updates_learn_with_a_quarter_of_the_bytes_up(

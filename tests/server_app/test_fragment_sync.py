@@ -31,11 +31,18 @@ def _run(tmp_path: Path, name: str, cache: Path, **overrides) -> Path:
     return run_federation(LocalGrid(client_app, NODES, config), config).out_dir
 
 
+@pytest.mark.parametrize(
+    "shared",
+    [{}, {"variant": "glob", "embedding-rows": "seen", "global-vocab-size": 600}],
+    ids=["spec", "glob-seen-rows"],  # φ's seen rows travel beside the synced fragments
+)
 def test_fragments_that_all_sync_every_round_are_the_whole_body(
-    tmp_path: Path, node_cache: Path
+    tmp_path: Path, node_cache: Path, shared: dict
 ) -> None:
-    whole = _final(_run(tmp_path, "whole", node_cache))
-    split = _final(_run(tmp_path, "split", node_cache, fragments=2, **{"fragment-period": 1}))
+    whole = _final(_run(tmp_path, "whole", node_cache, **shared))
+    split = _final(
+        _run(tmp_path, "split", node_cache, fragments=2, **{"fragment-period": 1, **shared})
+    )
     assert_same_training(split[0], whole[0], "cpu")
     assert_same_training(split[1], whole[1], "cpu")
 

@@ -96,15 +96,19 @@ def _final(out: Path) -> tuple[dict, dict[str, torch.Tensor]]:
 
 
 @pytest.mark.parametrize(
-    ("variant", "outer", "corrupt_latest", "model", "device"),
+    ("variant", "outer", "corrupt_latest", "model", "device", "rows"),
     [
-        ("spec-opt", "nesterov", False, "debug", "cpu"),
-        ("spec-opt", "nesterov", True, "debug", "cpu"),
-        ("trim", "fedadam", False, "debug", "cpu"),  # V_k, row-wise φ and Adam's state too
+        ("spec-opt", "nesterov", False, "debug", "cpu", "all"),
+        ("spec-opt", "nesterov", True, "debug", "cpu", "all"),
+        ("trim", "fedadam", False, "debug", "cpu", "all"),  # V_k, row-wise φ, Adam's state
+        # the seen rows of each round, the int8 residual of the rows not sent
+        ("glob", "nesterov", False, "debug", "cpu", "seen"),
         # each source's ψ_k from its state; the shared ψ from the checkpoint (slow: GPT-2)
-        pytest.param("spec-opt", "fedavg", False, "gpt2:debug", "cpu", marks=pytest.mark.slow),
-        pytest.param("glob", "fedavg", False, "gpt2:debug", "cpu", marks=pytest.mark.slow),
-        pytest.param("trim", "nesterov", False, "debug", "cuda", marks=pytest.mark.gpu),
+        pytest.param(
+            "spec-opt", "fedavg", False, "gpt2:debug", "cpu", "all", marks=pytest.mark.slow
+        ),
+        pytest.param("glob", "fedavg", False, "gpt2:debug", "cpu", "all", marks=pytest.mark.slow),
+        pytest.param("trim", "nesterov", False, "debug", "cuda", "seen", marks=pytest.mark.gpu),
     ],
 )
 def test_a_killed_run_resumes_to_the_uninterrupted_result(
@@ -114,6 +118,7 @@ def test_a_killed_run_resumes_to_the_uninterrupted_result(
     corrupt_latest: bool,
     model: str,
     device: str,
+    rows: str,
     project_log: ProjectLog,
     node_cache: Path,
 ) -> None:
@@ -126,6 +131,8 @@ def test_a_killed_run_resumes_to_the_uninterrupted_result(
         "outer-optimizer": outer,
         "outer-lr": {"fedavg": 1.0, "nesterov": 0.7, "fedadam": 0.01}[outer],
         "global-vocab-size": 600,
+        "embedding-rows": rows,
+        **({"compression": "int8"} if rows == "seen" else {}),
     }
     # Prepare: the reference, uninterrupted
     reference = _config(tmp_path, "reference", node_cache, **settings)

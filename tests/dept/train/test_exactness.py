@@ -1,10 +1,11 @@
 """The federated path is exact where the mathematics says it must be (issue 16).
 
-- GLOB with ``inner-optimizer=sgd``, one local step, FedAvg (outer lr 1) and every source
-  sampled is one SGD step on the mean of the sources' gradients; with equal batches that is
-  the gradient of their concatenation, i.e. stratified STD τ = 0 (``run_standard(...,
-  stratified=True)``) on the same batches. Gradient clipping is off: clipping each source's
-  gradient is not clipping their mean (a real difference, not a rounding one).
+- GLOB with ``inner-optimizer=sgd``, one local step, FedAvg (outer lr 1), every source
+  sampled and ``embedding-rows=all`` is one SGD step on the mean of the sources' gradients;
+  with equal batches that is the gradient of their concatenation, i.e. stratified STD
+  τ = 0 (``run_standard(..., stratified=True)``) on the same batches. Gradient clipping is
+  off: clipping each source's gradient is not clipping their mean (a real difference, not a
+  rounding one).
 - SPEC with one source, AdamW kept across rounds, FedAvg, is plain training of that source:
   the body after each round equals the body of one uninterrupted run after as many steps.
 
@@ -100,6 +101,9 @@ def glob_sgd(tmp_path: Path, node_cache: Path) -> dict[str, Any]:
         node_cache,
         **{
             "variant": "glob",
+            # every row averaged over every source, as the mean gradient is: with only the
+            # rows each source saw, a row's update is divided among its senders instead
+            "embedding-rows": "all",
             "sources-file": str(sources),
             "global-vocab-size": 600,
             "inner-optimizer": "sgd",

@@ -21,6 +21,7 @@ from dept.state.workspace import Workspace
 from dept.train import source_client
 from dept.train.sharing import initial_tensors
 from dept.train.source_client import SourceClient
+from dept.wire import keys
 from dept.wire.compression import decode, encode, payload_keys
 from tests.helpers import DEVICES, assert_same_training, debug_run_config, share_cache
 
@@ -108,17 +109,19 @@ def test_state_from_another_tokenizer_is_refused(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("variant", ["spec-opt", "trim"])
 def test_the_compression_residual_carries_over_a_node_restart(tmp_path: Path, variant: str) -> None:
-    client = _client(tmp_path, variant, compression="int8")
+    every = {"embedding-rows": "all"}  # TRIM: the whole of V_k goes up, so φ's shape holds
+    client = _client(tmp_path, variant, compression="int8", **every)
     arrays = _shared_arrays(client)
     shapes = {n: tuple(v.shape) for n, v in arrays.items()}
     first = client.train_round(arrays, global_step=0, server_round=1)
-    assert first.payload.keys() == payload_keys(shapes, "int8")
+    ids = {keys.EMBEDDING_IDS} if variant == "trim" else set()  # the rows it carries: V_k
+    assert first.payload.keys() == payload_keys(shapes, "int8") | ids
     assert all(first.payload[n].dtype == torch.int8 for n in shapes), "φ rows too (TRIM)"
     residual = client.ws.load_state(before_round=2).state.residual
     sent = decode(first.payload, shapes, "int8")
     assert all(torch.equal(residual[n], first.delta[n] - sent[n]) for n in shapes)
 
-    restarted = _client(tmp_path, variant, compression="int8")  # a new process, same disk
+    restarted = _client(tmp_path, variant, compression="int8", **every)  # a new process
     second = restarted.train_round(arrays, global_step=8, server_round=2)
     rerun = restarted.train_round(arrays, global_step=8, server_round=2)  # the server resumed
     # The same bytes: training on the CPU is deterministic (on CUDA it is not, see helpers).
