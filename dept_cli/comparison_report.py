@@ -116,8 +116,12 @@ def render_markdown(
                         )
                     ),
                 ],
+                ["average before training (round 0)", *(_num(_before(best[m])) for m in methods)],
             ],
         ),
+        "",
+        "The round-0 row is each method's model before any training, through its own "
+        "tokenizer: what a vocabulary alone gives (fewer, longer tokens can start lower).",
         "",
         "## Vocabulary size",
         "",
@@ -230,6 +234,14 @@ def _source_bpb(result: dict[str, Any], name: str) -> float:
     if name == "**average**":
         return average_bpb(result)
     return result.get("sources", {}).get(name, {}).get("val_bpb", math.nan)
+
+
+def _before(result: dict[str, Any]) -> float:
+    """The average bits per byte of round 0 (before training); NaN where not scored."""
+    for number, value in result.get("curve", []):
+        if number == 0 and value is not None:
+            return float(value)
+    return math.nan
 
 
 def _ppl(result: dict[str, Any], name: str) -> float:

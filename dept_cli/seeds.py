@@ -25,9 +25,9 @@ def run_folder(method: str, lr: float, seed: int, base_seed: int) -> str:
 
 def pool_seeds(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """One result per (method, rate), in first-seen order: the first seed's, with each
-    source's bits per byte and perplexity the mean over the seeds that finished, its
-    ``seeds`` and, with two or more, :data:`SPREAD`. A rate where any seed crashed keeps
-    the crash: a mean over the survivors would hide it."""
+    source's bits per byte and perplexity and the per-round curve the mean over the seeds
+    that finished, its ``seeds`` and, with two or more, :data:`SPREAD`. A rate where any
+    seed crashed keeps the crash: a mean over the survivors would hide it."""
     groups: dict[tuple[str, float], list[dict[str, Any]]] = {}
     for result in results:
         groups.setdefault((result["method"], result["lr"]), []).append(result)
@@ -48,4 +48,18 @@ def _pooled(runs: list[dict[str, Any]]) -> dict[str, Any]:
     }
     averages = [average_bpb(r) for r in runs]
     spread = statistics.stdev(averages) if all(map(math.isfinite, averages)) else math.nan
-    return {**runs[0], "sources": sources, "seeds": seeds, SPREAD: spread}
+    pooled = {**runs[0], "sources": sources, "seeds": seeds, SPREAD: spread}
+    return pooled | {"curve": _mean_curve(runs)}
+
+
+def _mean_curve(runs: list[dict[str, Any]]) -> list[tuple[int, float | None]]:
+    """The per-round average bits per byte, the mean over the seeds that scored each round
+    (None where none did)."""
+    by_round: dict[int, list[float]] = {}
+    for run in runs:
+        for number, value in run.get("curve", []):
+            if value is not None and math.isfinite(value):
+                by_round.setdefault(number, []).append(value)
+            else:
+                by_round.setdefault(number, [])
+    return [(n, statistics.fmean(v) if v else None) for n, v in sorted(by_round.items())]

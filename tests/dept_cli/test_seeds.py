@@ -53,6 +53,7 @@ def test_seeds_pool_into_per_source_means_and_the_spread_of_the_average() -> Non
     assert good[SPREAD] == pytest.approx(0.1) and good["seeds"] == [0, 1, 2]
     assert "error" in crashed, "a rate where a seed crashed is not a mean of the survivors"
     assert best_per_method(pooled)["spec-opt"] is good
+    assert good["curve"] == [(0, 3.0), (1, pytest.approx(3.1))], "each round's mean"
     single = pool_seeds(runs[:1])[0]
     assert SPREAD not in single and single["seeds"] == [0]
 
@@ -63,6 +64,7 @@ def test_the_table_gives_mean_and_spread_and_names_the_seeds(debug_config: DeptC
     table = render_markdown(debug_config, pooled, {"glob": pooled[0]}, 60.0)
 
     assert "2.5500 ± 0.0500 (3 seeds)" in table, "the average row and the sweep"
+    assert "| average before training (round 0) | 3.0000 |" in table
     assert f"seeds {debug_config.seed} to {debug_config.seed + 2} per method and rate" in table
 
 
