@@ -120,8 +120,14 @@ def test_a_node_given_a_wrong_body_fetches_the_whole_one_and_trains_that_round(
     tmp_path: Path, node_cache: Path, project_log: ProjectLog
 ) -> None:
     victim = SOURCES[1]
-    # TRIM: each message also carries the source's φ rows, as float32 beside the change
-    trim = {"variant": "trim", "global-vocab-size": 600, "download-compression": "int8"}
+    # TRIM: each message also carries the source's φ rows, as float32 beside the change; its
+    # reply only the rows its round saw
+    trim = {
+        "variant": "trim",
+        "embedding-rows": "seen",
+        "global-vocab-size": 600,
+        "download-compression": "int8",
+    }
     summary, rounds = _run(tmp_path, node_cache, victim, **trim)
 
     assert summary["failed_replies"] == summary["rejected_updates"] == 0
