@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 
 import numpy as np
 
@@ -60,6 +60,24 @@ class Defences:
             raise ValueError(f"aggregation must be one of {RULES}, got {self.aggregation!r}")
         if self.outlier_action not in OUTLIER_ACTIONS:
             raise ValueError(f"outlier_action must be one of {OUTLIER_ACTIONS}")
+
+    @property
+    def against_others(self) -> tuple[str, ...]:
+        """The run config keys of the checks on, which judge an update against the round's
+        other updates (their median, their direction) rather than on its own."""
+        factors = {
+            "update-norm-factor": self.update_norm_factor,
+            "flatness-factor": self.flatness_factor,
+            "direction-factor": self.direction_factor,
+        }
+        return tuple(key for key, factor in factors.items() if factor > 0)
+
+    def each_on_its_own(self) -> Defences:
+        """These defences with only the checks that judge each update by itself (its reach):
+        what central DP allows. A check against the others lets one source decide whether
+        another's update counts, so removing it could move the released sum by more than
+        one clipped update, beyond what the noise is sized for."""
+        return replace(self, update_norm_factor=0.0, flatness_factor=0.0, direction_factor=0.0)
 
 
 @dataclass(frozen=True)

@@ -54,6 +54,8 @@ class StrategySettings:
     # an error reply, so a node slow to answer is queued behind others on an actor, not
     # silent: it is waited for (up to the round's timeout), never asked again nor nudged
     simulation: bool = False
+    # central DP on: the screening keys it turned off (they judge an update by the others')
+    off_for_privacy: tuple[str, ...] = field(default=(), init=False)
 
     def __post_init__(self) -> None:
         # at least one source is sampled, and one reply changes the model (0 means that too)
@@ -82,3 +84,6 @@ class StrategySettings:
             why = privacy_conflict(self.defences.aggregation, some_rows, self.fragments)
             if why:
                 raise ValueError(f"central differential privacy: {why}")
+            # each source screened on its own: a check against the others breaks the bound
+            object.__setattr__(self, "off_for_privacy", self.defences.against_others)
+            object.__setattr__(self, "defences", self.defences.each_on_its_own())

@@ -209,6 +209,13 @@ class DeptStrategy(RoundCombining, Strategy):
                 privacy.epsilon(self.settings.num_rounds),
                 privacy.delta,
             )
+            if self.settings.off_for_privacy:
+                log.info(
+                    "central differential privacy screens each update on its own (its "
+                    "reach): %s off, as each judges an update by the other sources' and so "
+                    "would let one source decide whether another's counts",
+                    ", ".join(self.settings.off_for_privacy),
+                )
 
     def wait_for_sources(self, grid: Grid) -> dict[str, int]:
         """``{source: node}`` once enough nodes are there, bounded by ``wait-for-nodes-s``;

@@ -202,7 +202,8 @@ class DeptConfig:
         10.0,
         "an update whose RMS or largest absolute value exceeds this many times the round's "
         "median (the previous round's median votes too) is too large; 0 (off) or > 1; one "
-        "beyond what the round's AdamW steps can move a weight is too large regardless",
+        "beyond what the round's AdamW steps can move a weight is too large regardless; "
+        "off under dp-noise-multiplier (it judges an update by the others')",
     )
     flatness_factor: float = doc(
         0.0,
@@ -210,20 +211,22 @@ class DeptConfig:
         "absolute value) is more than this many times the round's median is a flattened, "
         "signs-only update; outlier-action applies (clip: to the median RMS); 0: off (the "
         "default: a source restarting with a fresh AdamW state sends a flat, large update "
-        "too); 2.5 caught every signs-only update in the poisoning runs",
+        "too); 2.5 caught every signs-only update in the poisoning runs; off under "
+        "dp-noise-multiplier",
     )
     direction_factor: float = doc(
         4.0,
         "an update whose agreement with the round's others (θ: its cosine with their mean, "
         "per tensor, averaged) is negative and more than this many robust deviations below "
         "the round's median points the wrong way (reversed, sign-flipped, colluding); "
-        "outlier-action applies; needs 3 updates; 0: off",
+        "outlier-action applies; needs 3 updates; 0: off; off under dp-noise-multiplier",
     )
     dp_noise_multiplier: float = doc(
         0.0,
         "central differential privacy on the shared update: each source's update (θ, and "
         "glob's φ) clipped to dp-clip-norm, Gaussian noise of this many times dp-clip-norm "
-        "added to their sum, each source counted once; ε in metrics.jsonl; 0: off",
+        "added to their sum, each source counted once; ε in metrics.jsonl; only the reach "
+        "check screens updates then; 0: off",
     )
     dp_clip_norm: float = doc(
         1.0, "with dp-noise-multiplier: the L2 norm each source's update is clipped to; > 0"

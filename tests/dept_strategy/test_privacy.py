@@ -127,3 +127,81 @@ def test_dp_is_refused_where_it_cannot_hold(override: dict, settings: dict, name
     load_config({"dp-noise-multiplier": 0.0, **override})  # off: nothing to refuse
     with pytest.raises(ValueError, match=f"central differential privacy: .*{named}"):
         _strategy(CentralPrivacy(1.0), **settings)
+
+
+# Issue 49's counter-example: with A among them, the direction check drops B; without A, B
+# passes. A check against the others lets one source decide whether another's counts.
+HONEST = [[0.779, -0.049], [0.855, 0.18], [1.012, -0.088], [0.765, -0.077]]
+B, A = [0.008, -0.276], [2.588, 2.013]
+
+
+def _released_sum(updates: dict[str, list[float]], privacy: CentralPrivacy) -> np.ndarray:
+    """Σ of the clipped updates of one round before its noise (the round's mean times the
+    sources sampled), under the default screening."""
+    outer = OuterOptimizer({"w": torch.zeros(len(next(iter(updates.values()))))}, kind="fedavg")
+    strategy = mock_strategy(outer=outer, privacy=privacy, defences=Defences())
+    replies = [
+        train_reply(strategy, n + 1, {"w": np.asarray(u, np.float32)}, 100, source)
+        for n, (source, u) in enumerate(updates.items())
+    ]
+    captured: list[np.ndarray] = []
+    noise = CentralPrivacy.add_noise
+
+    def before_noise(self: CentralPrivacy, mean: dict, sampled: int) -> None:
+        captured.append(mean["w"].numpy() * sampled)
+        noise(self, mean, sampled)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(CentralPrivacy, "add_noise", before_noise)
+        strategy.aggregate_train(1, replies)
+    return captured[0] if captured else np.zeros(2)
+
+
+def test_the_counter_example_without_dp_and_its_bound_with_dp() -> None:
+    honest = {f"h{i}": u for i, u in enumerate(HONEST)}
+    # without DP the direction check flags B beside A, and not alone
+    off = CentralPrivacy()
+    strategy = mock_strategy(outer=OuterOptimizer({"w": torch.zeros(2)}, kind="fedavg"))
+    replies = [
+        train_reply(strategy, n + 1, {"w": np.asarray(u, np.float32)}, 100, s)
+        for n, (s, u) in enumerate({**honest, "B": B, "A": A}.items())
+    ]
+    strategy.aggregate_train(1, replies)
+    assert "B" in {c["source"] for c in strategy.history.rounds[1].clipped}, "the premise"
+    assert off.on is False
+    # with DP each is screened on its own: A's presence moves the sum by A's clipped self
+    privacy = CentralPrivacy(noise_multiplier=1.0, clip_norm=1.0)
+    with_a = _released_sum({**honest, "B": B, "A": A}, privacy)
+    without_a = _released_sum({**honest, "B": B}, privacy)
+    assert np.linalg.norm(with_a - without_a) <= privacy.clip_norm * (1 + 1e-6)
+    clipped_a = np.asarray(A) / np.linalg.norm(A)
+    assert np.allclose(with_a - without_a, clipped_a, atol=1e-5)
+
+
+def test_removing_any_one_source_moves_the_sum_by_at_most_the_clip() -> None:
+    rng = np.random.default_rng(49)
+    privacy = CentralPrivacy(noise_multiplier=1.0, clip_norm=0.5)
+    for _ in range(60):
+        count, dim = int(rng.integers(3, 8)), int(rng.integers(2, 6))
+        updates = rng.normal(size=(count, dim)) * rng.choice([0.1, 1.0, 10.0], size=(count, 1))
+        if rng.random() < 0.5:  # one pointing against the others, as a poisoner would
+            updates[0] = -updates[1:].sum(axis=0) * rng.uniform(1, 5)
+        named = {f"s{i}": list(u) for i, u in enumerate(updates)}
+        whole = _released_sum(named, privacy)
+        for left_out in named:
+            rest = _released_sum({k: v for k, v in named.items() if k != left_out}, privacy)
+            moved = float(np.linalg.norm(whole - rest))
+            assert moved <= privacy.clip_norm * (1 + 1e-5), (named, left_out, moved)
+
+
+def test_under_dp_the_checks_against_the_others_are_off_and_said(project_log) -> None:
+    strategy = _strategy(CentralPrivacy(noise_multiplier=1.0), num_rounds=2)
+    defences = strategy.settings.defences
+    assert (defences.update_norm_factor, defences.flatness_factor, defences.direction_factor) == (
+        0.0,
+        0.0,
+        0.0,
+    )
+    assert strategy.settings.off_for_privacy == ("update-norm-factor", "direction-factor")
+    strategy.summary()
+    assert "update-norm-factor, direction-factor off" in project_log.text
