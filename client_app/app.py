@@ -27,6 +27,8 @@ from client_app.channel import EVALUATE, QUERY, TRAIN, RemoteError
 from client_app.cpu_share import use_cpu_share
 from client_app.warm import WARM_KEY, WarmWorker
 from dept.logs import drop_misleading_notices, route_to
+from dept.paths import state_root
+from dept.state.disks import disk_note, no_space
 from dept.wire import keys
 
 log = logging.getLogger(__name__)
@@ -100,6 +102,9 @@ def _reply(kind: str, msg: Message, context: Context) -> Message:
         else:
             what = f"{type(exc).__name__}: {exc}"
             log.exception("%s failed", who)
+        if no_space(exc):  # which disk, and what is free there, only this node can say
+            root = state_root(context.node_config, context.run_config.get("state-dir"))
+            what = f"{what} ({disk_note(root)})"
         return Message(
             Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION, reason=f"{who}: {what}"),
             reply_to=msg,

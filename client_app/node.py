@@ -26,7 +26,7 @@ from client_app.warm import IDLE_KEY, WARM_KEY
 from dept.config import ConfigError, DeptConfig, check_device_name, snake
 from dept.data.sources import SourceSpec, check_source_paths, parse_source, run_sources
 from dept.model.variants import variant
-from dept.paths import default_state_root, resolve_path
+from dept.paths import resolve_path, state_root
 
 # The run config keys a node may set for itself (they win over the run's).
 NODE_SECONDS_KEYS = ("round-time-s", "step-delay-s")
@@ -95,13 +95,12 @@ def node_setup(cfg: DeptConfig, node_config: dict[str, Any], source: str) -> Nod
             f"this node does not serve source {source!r} (it serves: "
             f"{', '.join(by_name) or 'none'})"
         )
-    state = node_config.get("state-dir") or cfg.state_dir
     tokenizer = node_config.get("global-tokenizer")
     device = node_config.get("device")
     return NodeSetup(
         spec=by_name[source],
         all_sources=known,
-        state_root=resolve_path(str(state)) if state else default_state_root(),
+        state_root=state_root(node_config, cfg.state_dir),
         global_tokenizer=resolve_path(str(tokenizer)) if tokenizer else None,
         device=check_device_name(str(device), "node config key 'device'") if device else None,
         seconds={k: _seconds(node_config, k) for k in NODE_SECONDS_KEYS if k in node_config},

@@ -4,7 +4,9 @@ light (no omegaconf, no torch), so the thin ClientApp of every deployment messag
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 BASE_DIR_ENV = "DEPT_HOME"
 
@@ -23,3 +25,10 @@ def resolve_path(value: str, base: Path | None = None) -> Path:
     """Expand ``~`` and make ``value`` absolute against ``base`` (default :func:`base_dir`)."""
     path = Path(value).expanduser()
     return path if path.is_absolute() else (base or base_dir()) / path
+
+
+def state_root(node_config: Mapping[str, Any], run_state_dir: object) -> Path:
+    """Where a node keeps its state: its own ``state-dir`` node-config key, else the run
+    config's, else :func:`default_state_root`."""
+    state = node_config.get("state-dir") or run_state_dir
+    return resolve_path(str(state)) if state else default_state_root()

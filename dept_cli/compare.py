@@ -49,6 +49,7 @@ from dept.config import ConfigError, check_device_name, load_config
 from dept.data.sources import check_source_paths, run_sources
 from dept.model.outer_optimizers import OUTER_OPTIMIZERS
 from dept.paths import resolve_path
+from dept.state.jsonl import read_lines
 from dept_cli import compare_pool
 from dept_cli.compare_plan import (
     COMPARED_SOURCES,
@@ -135,7 +136,7 @@ def run_plan(plan: Plan) -> dict[str, Any]:
 def _run_federated(plan: Plan) -> dict[str, Any]:
     out = federate_in_process(plan.run_config)
     summary = json.loads((out / "summary.json").read_text())
-    rounds = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    rounds = read_lines(out / "metrics.jsonl")
     comm = summary["comm"]
     return {
         "sources": {

@@ -241,6 +241,13 @@ class SourceDirectory:
             state.unanswered, state.silent = 0, False
             self._learn(node, reply, server_round, history)
 
+    def again(self) -> None:
+        """The round is tried again (it trained nothing): the nodes let go in it are asked
+        at once, not only in the next round."""
+        for node, state in self.queries.items():
+            if node not in self.node_sources:
+                state.asked_in_round = -1
+
     def forget(self, node: int) -> None:
         """Ask ``node`` again next round (it failed: it may have restarted with other data).
         It keeps its sources meanwhile, so no other node takes them over; what it no longer

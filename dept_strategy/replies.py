@@ -17,6 +17,7 @@ from dataclasses import dataclass, field, replace
 
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 
+from dept.state.disks import disk_note, no_space
 from dept.wire import keys
 from dept.wire.compression import TOPK_DENSITY
 from dept_strategy.aggregate import RunningMean
@@ -172,7 +173,8 @@ class ReplyDesk:
             self.rejected(target, str(exc))
             return None
         except OSError as exc:  # a full disk costs this reply, not the round
-            self.rejected(target, f"the server could not keep it on disk ({exc})")
+            full = f"; {disk_note(intake.spool.folder)}" if no_space(exc) else ""
+            self.rejected(target, f"the server could not keep it on disk ({exc}{full})")
             return None
         by_count = intake.row_weight == "occurrences"
         row_weights = update.counts if by_count else None

@@ -166,6 +166,11 @@ class DeptStrategy(RoundCombining, Strategy):
         """None if an update of ``server_round`` was taken; else its failures and refusals."""
         return self.history.why_nothing_trained(server_round)
 
+    def try_again(self) -> None:
+        """The round trained nothing and is tried again: its nodes that failed are asked
+        anew which sources they serve (they may have restarted)."""
+        self.directory.again()
+
     def round_ended(self, server_round: int, wall_s: float) -> None:
         """Note the run's wall time (seconds since it started) as ``server_round`` ended."""
         self.history.round_ended(server_round, wall_s)

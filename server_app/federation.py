@@ -48,6 +48,7 @@ from server_app.checkpoint import (
     no_checkpoint,
     save_checkpoint,
 )
+from server_app.no_progress import nothing_trained
 from server_app.nudges import Nudges
 from server_app.report import RunReport
 from server_app.run_status import ERROR_LOG, write_failed, write_finished
@@ -143,10 +144,25 @@ def _rounds(
     after_s = math.inf if strategy.settings.simulation else nudging.NUDGE_AFTER_S
     nudges = Nudges(strategy.run_id, strategy.directory.behind, after_s)
     exchanges = _Exchanges(grid, strategy, cfg.round_timeout_s, nudges)
-    for server_round in range(done + 1, cfg.num_server_rounds + 1):
+    server_round, tries = done + 1, 0
+    while server_round <= cfg.num_server_rounds:
         updated = exchanges.train(server_round) if server_round > 0 else None
-        if server_round == 1 and (why := strategy.why_nothing_trained(1)) is not None:
-            raise RuntimeError(f"no source could train in round 1: {why}")
+        why = strategy.why_nothing_trained(server_round) if server_round > 0 else None
+        if why is not None:  # no round: not evaluated nor checkpointed (server_app.no_progress)
+            tries += 1
+            if server_round == 1 or tries > cfg.empty_round_retries:
+                raise nothing_trained(server_round, tries, why, cfg.empty_round_retries)
+            log.warning(
+                "round %d trained nothing (%s); the model is as it was, trying the round "
+                "again (%d of %d)",
+                server_round,
+                why,
+                tries,
+                cfg.empty_round_retries,
+            )
+            strategy.try_again()
+            continue
+        tries = 0
         exchanges.evaluate(
             server_round, updated if updated is not None else strategy.shared_tensors()
         )
@@ -157,6 +173,7 @@ def _rounds(
         save_checkpoint(
             out_dir, server_round, tensors, {"run_config": to_run_config(cfg), "strategy": state}
         )
+        server_round += 1
     body, embeddings = strategy.final_model()
     return report.finish(strategy.history, body, time.monotonic() - started, embeddings)
 

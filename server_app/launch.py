@@ -9,6 +9,7 @@ import argparse
 import contextlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -26,6 +27,7 @@ from dept.config import ConfigError, config_keys, load_config
 from dept.data.sources import check_source_paths, run_sources
 from dept.model.families import model_choice
 from dept.paths import default_state_root, resolve_path
+from dept.state.disks import disk_note
 from dept.state.lock import check_folder_free, release_lock
 from server_app.local_runtime import HTTP_PORT_VARIABLE, LocalRuntime, Stopped, stop_signals
 from server_app.resume import RESUME_OPTIONS, check_resumable, resume_hint, resume_overrides
@@ -44,6 +46,7 @@ PATH_KEYS = ("sources-file", "output-dir", "state-dir")
 FLOWER_HOME = ".flwr"  # the run's own Flower home, in its output folder
 RUN_LOG = "run.log"  # with --no-stream
 HELP_WIDTH = 79
+LOW_DISK = 16 << 20  # free bytes below which a run's missing status is put down to its disk
 INDENT = " " * 6  # of a run config key's doc under its name
 DESCRIPTION = """\
 Run DEPT: flwr run in the simulation runtime, sized for this run and machine.
@@ -345,7 +348,9 @@ def exit_code(out_dir: Path, started: float, code: int) -> int:
     status = read_status(out_dir, started)
     if status is not None and status.state == "finished":
         return code
-    if status is None:
+    if status is None and out_dir.is_dir() and shutil.disk_usage(out_dir).free < LOW_DISK:
+        why = f"{disk_note(out_dir)}: the run could not write {STATUS_FILE} there"
+    elif status is None:
         why = f"the run ended without writing {out_dir / STATUS_FILE} (see the log above)"
     else:
         why = status.error

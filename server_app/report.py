@@ -36,6 +36,7 @@ from dept.config import DeptConfig, to_run_config
 from dept.model.families import position_count
 from dept.model.variants import variant
 from dept.state.files import save_tensors
+from dept.state.jsonl import append_line
 from dept.wire import keys
 from dept_strategy.history import RunHistory, source_row
 from server_app.diagnostics import (
@@ -103,8 +104,7 @@ class RunReport:
         """Append the line of ``server_round`` (ended, its wall time noted) and log it."""
         wall_s = history.rounds[server_round].wall_s
         line = history.round_json(server_round)
-        with self.metrics_path.open("a") as f:
-            f.write(dumps(line) + "\n")
+        append_line(self.metrics_path, dumps(line))  # whole, or not at all (a full disk)
         self.trackers.log(line)
         total = self.cfg.num_server_rounds
         eta = f"{wall_s / server_round * (total - server_round):.0f} s" if server_round else "–"

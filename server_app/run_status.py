@@ -19,7 +19,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dept.config import ConfigError
+from dept.state.disks import disk_note, no_space
 
+log = logging.getLogger(__name__)
 STATUS_FILE = "run-status.json"
 ERROR_LOG = "error.log"
 DEBUG_VARIABLE = "DEPT_DEBUG"
@@ -41,9 +43,10 @@ class RunStatus:
 
 
 def one_line(exc: BaseException) -> str:
-    """What went wrong, in one line: a config error's own words, else the type and message."""
+    """What went wrong, in one line: a config error's or a :class:`RunFailed`'s own words,
+    else the type and message."""
     text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-    if isinstance(exc, ConfigError):
+    if isinstance(exc, ConfigError | RunFailed):
         return text
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
@@ -53,10 +56,19 @@ def write_finished(out_dir: Path) -> None:
 
 
 def write_failed(out_dir: Path, exc: BaseException) -> RunStatus:
-    """Record ``exc`` as the run's end (``error.log`` holds its traceback)."""
-    (out_dir / ERROR_LOG).write_text("".join(traceback.format_exception(exc)))
-    status = RunStatus("failed", one_line(exc), isinstance(exc, ConfigError), time.time())
-    _write(out_dir, status)
+    """Record ``exc`` as the run's end (``error.log`` holds its traceback), as far as the
+    disk lets: on a full one the status (small) goes first, and what cannot be written is
+    logged, not raised over ``exc``. A full disk is named in the line with its free space."""
+    line = one_line(exc)
+    if no_space(exc) and not isinstance(exc, RunFailed):  # the server's own disk: say which
+        written = getattr(exc, "filename", None)  # an OSError's file, where it names one
+        line = f"{disk_note(Path(written) if written else out_dir)}: {line}"
+    status = RunStatus("failed", line, isinstance(exc, ConfigError), time.time())
+    try:
+        _write(out_dir, status)
+        (out_dir / ERROR_LOG).write_text("".join(traceback.format_exception(exc)))
+    except OSError as unwritten:
+        log.error("could not record how the run ended in %s: %s", out_dir, unwritten)
     return status
 
 

@@ -137,3 +137,34 @@ def held_elsewhere(folder: Path) -> Iterator[int]:
     finally:
         holder.kill()
         holder.wait()
+
+
+@contextlib.contextmanager
+def small_disk(folder: Path, size: str = "64m") -> Iterator[Path]:
+    """``folder`` as a fresh tmpfs of ``size``, so a test can fill a real disk; the test is
+    skipped, saying why, where this process may not mount one (it needs root)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(folder)],
+        capture_output=True,
+        text=True,
+    )
+    if mounted.returncode:
+        pytest.skip(f"a full disk needs a tmpfs, and mount failed: {mounted.stderr.strip()}")
+    try:
+        yield folder
+    finally:
+        subprocess.run(["umount", "-l", str(folder)], capture_output=True)
+
+
+def fill_disk(folder: Path, leave: int = 0) -> Path:
+    """Fill the disk of ``folder`` but ``leave`` bytes, with a file there; the file."""
+    filler = folder / ".filler"
+    with filler.open("ab") as f:
+        while (free := os.statvfs(folder).f_bavail * os.statvfs(folder).f_frsize) > leave:
+            try:
+                f.write(b"\0" * min(free - leave, 1 << 20))
+                f.flush()
+            except OSError:
+                break
+    return filler

@@ -27,7 +27,6 @@ against STD τ=0.3 in the same tying; the update sizes) and ``embedding_rows.png
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import statistics
 import time
@@ -37,6 +36,7 @@ from typing import Any
 
 from dept.config import load_config, to_run_config
 from dept.paths import resolve_path
+from dept.state.jsonl import read_lines
 from dept_cli import compare
 from dept_cli.compare_plan import Plan, base_config, make_plans, prepare
 from dept_cli.comparison_report import average_bpb
@@ -84,9 +84,7 @@ def update_sizes(run_dir: Path) -> dict[str, float]:
     recorded none)."""
     seen, unseen, share = [], [], []
     path = run_dir / "metrics.jsonl"
-    lines = path.read_text().splitlines() if path.is_file() else []
-    for line in lines:
-        row = json.loads(line)
+    for row in read_lines(path) if path.is_file() else []:
         for source in row["sources"].values():
             if source.get("embedding_rows_seen", 0) > 0:
                 seen.append(source["embedding_update_seen_rms"])

@@ -34,6 +34,7 @@ def check_values(cfg: Any) -> None:
         "eval_bytes",
         "min_train_nodes",
         "seed",
+        "empty_round_retries",
     ):
         _check(name, getattr(cfg, name) >= 0, "must be >= 0")
     for f in fields(cfg):

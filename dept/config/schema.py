@@ -243,6 +243,14 @@ class DeptConfig:
         "fewest usable training replies for a round to change the model; below it the round "
         "leaves θ as it was and says so; >= 1",
     )
+    empty_round_retries: int = doc(
+        2,
+        "a round in which no source trained (each failed, was refused or was silent) is no "
+        "round: the model and its checkpoints stay as they were and the round is tried "
+        "again, at most this many times in a row; then the run stops with an error naming "
+        "the cause (a full disk: the folder and its free space) and how to resume; round 1 "
+        "is not tried again (a setup error); >= 0",
+    )
     fraction_evaluate: float = doc(
         1.0,
         "share of the sources evaluated after each middle round (0: none); every source is "
