@@ -48,7 +48,7 @@ from server_app.checkpoint import (
     no_checkpoint,
     save_checkpoint,
 )
-from server_app.no_progress import nothing_trained
+from server_app.no_progress import dead_worker, nothing_trained
 from server_app.nudges import Nudges
 from server_app.report import RunReport
 from server_app.run_status import ERROR_LOG, write_failed, write_finished
@@ -149,6 +149,8 @@ def _rounds(
         updated = exchanges.train(server_round) if server_round > 0 else None
         why = strategy.why_nothing_trained(server_round) if server_round > 0 else None
         if why is not None:  # no round: not evaluated nor checkpointed (server_app.no_progress)
+            if died := dead_worker(server_round, strategy.history.at(server_round).failed):
+                raise died  # trying again cannot help
             tries += 1
             if server_round == 1 or tries > cfg.empty_round_retries:
                 raise nothing_trained(server_round, tries, why, cfg.empty_round_retries)
@@ -173,6 +175,8 @@ def _rounds(
         save_checkpoint(
             out_dir, server_round, tensors, {"run_config": to_run_config(cfg), "strategy": state}
         )
+        if died := dead_worker(server_round, strategy.history.at(server_round).failed):
+            raise died  # Flower does not replace it: its nodes would fail every later round
         server_round += 1
     body, embeddings = strategy.final_model()
     return report.finish(strategy.history, body, time.monotonic() - started, embeddings)

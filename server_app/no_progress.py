@@ -1,4 +1,4 @@
-"""A round in which no source trained is no round, and a run that keeps having them stops.
+"""A round in which no source trained is no round, and a run that cannot go on stops.
 
 Such a round leaves the model as it was; the loop (:mod:`server_app.federation`) neither
 evaluates nor checkpoints it, and tries it again up to ``empty-round-retries`` times in a
@@ -7,11 +7,22 @@ reasons the nodes and the server gave (each once; a full disk is named there wit
 and free space by whoever was writing, :mod:`dept.state.disks`). ``dept run`` adds the
 command that resumes after the last checkpointed round, which redoes the rounds that
 trained nothing.
+
+A simulation worker (a Ray actor) that died is not replaced by Flower 1.42: every later
+message to the nodes it ran fails ("The actor is dead ..."), so the run would go on with
+fewer and fewer sources and end as if it had finished. The round in which one died is
+checkpointed as usual where anything trained (what trained, trained; else it is no round),
+and the run stops with :class:`WorkerDied`; a resumed run starts with fresh workers.
 """
 
 from __future__ import annotations
 
+import re
+
 from server_app.run_status import RunFailed
+
+# how Ray says a worker is gone, in the reasons of the error replies it makes
+DEAD_WORKER = re.compile(r"ActorDiedError|RayActorError|The actor is dead|actor died")
 
 
 class NothingTrained(RunFailed):
@@ -28,3 +39,21 @@ def nothing_trained(server_round: int, tries: int, reasons: str, retries: int) -
         f"is {retries})"
     )
     return NothingTrained(f"no source trained in {where}: {reasons or 'no reply'}")
+
+
+class WorkerDied(RunFailed):
+    """A simulation worker died; the message is the one line to show."""
+
+
+def dead_worker(server_round: int, failures: list[dict[str, str]]) -> WorkerDied | None:
+    """The error that stops a run after ``server_round`` when one of its ``failures`` (the
+    round's, from its history) says a simulation worker died; None otherwise."""
+    dead = [f for f in failures if DEAD_WORKER.search(f.get("reason", ""))]
+    if not dead:
+        return None
+    sources = sorted({f["source"] for f in dead if f.get("source")})
+    which = f" (sources {', '.join(sources)} could not train)" if sources else ""
+    return WorkerDied(
+        f"a simulation worker died in round {server_round}{which}: "
+        f"{dead[0]['reason'].split('. ')[0]}; a resumed run starts with fresh workers"
+    )

@@ -8,14 +8,16 @@ import json
 from pathlib import Path
 
 import pytest
+from flwr.app import Error, Message
 
 from client_app.app import app as client_app
 from dept.state.disks import disk_note, no_space
 from dept.state.workspace import Workspace
+from dept.wire import keys
 from server_app.federation import run_federation
 from server_app.launch import exit_code
 from server_app.local_grid import LocalGrid
-from server_app.no_progress import NothingTrained, nothing_trained
+from server_app.no_progress import NothingTrained, WorkerDied, nothing_trained
 from server_app.run_status import read_status
 from tests.conftest import ProjectLog
 from tests.helpers import debug_run_config, synthetic_sources
@@ -138,3 +140,43 @@ def test_with_no_retries_the_first_empty_round_stops_the_run(
     _fill_state_disk(monkeypatch, from_round=2, times=float("inf"))
     with pytest.raises(NothingTrained, match="round 2, tried 1 times"):
         run_federation(LocalGrid(client_app, NODES, config), config)
+
+
+RAY_DEATH = (
+    "<class 'ray.exceptions.ActorDiedError'>:<'The actor died unexpectedly before finishing "
+    "this task.\nThe actor is dead because its worker process has died. Worker exit type: "
+    "SYSTEM_ERROR Worker exit detail: Worker unexpectedly exits with a connection error code "
+    "2. End of file.'>"
+)
+
+
+def _worker_dies(node: int, from_round: int):
+    """The client app, but ``node``'s messages from ``from_round`` on fail as Flower's
+    simulation answers for a killed Ray worker (it is not replaced)."""
+
+    def app(msg: Message, context) -> Message:
+        config = msg.content.config_records.get(keys.CONFIG)
+        server_round = config.get(keys.SERVER_ROUND, 0) if config else 0
+        if msg.metadata.dst_node_id == node and server_round >= from_round:
+            return Message(Error(code=0, reason=RAY_DEATH), reply_to=msg)
+        return client_app(msg, context)
+
+    return app
+
+
+def test_a_dead_simulation_worker_stops_the_run_after_its_round(
+    tmp_path: Path, node_cache: Path
+) -> None:
+    config = _config(tmp_path, node_cache, **{"num-server-rounds": 4})
+    with pytest.raises(WorkerDied) as stopped:
+        run_federation(LocalGrid(_worker_dies(2, 2), NODES, config), config)
+    line = str(stopped.value)
+    assert line.startswith("a simulation worker died in round 2 (sources synth-greek could not")
+    assert "The actor is dead because its worker process has died" in line
+    assert "a resumed run starts with fresh workers" in line
+    out = tmp_path / "out"
+    assert _rounds(out) == [0, 1, 2], "what trained in round 2 is kept; no round after it"
+    resumed = {**config, "resume": True}
+    summary = run_federation(LocalGrid(client_app, NODES, resumed), resumed).summary
+    assert _rounds(out) == [0, 1, 2, 3, 4]
+    assert summary["sources"]["synth-greek"]["tokens_trained"] == 3 * 2 * 4 * 64, "it missed 2"
