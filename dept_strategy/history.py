@@ -322,6 +322,7 @@ class RunHistory:
             "wall_s": round(record.wall_s, 3),
             "sampled": record.sampled,
             "avg_val_bpb": self.mean_val_bpb(server_round),
+            "avg_val_bpb_sources": sorted(record.eval),  # what that average is over
             "sources": per_source,
             "rejected": record.rejected,
             "clipped": record.clipped,

@@ -129,6 +129,7 @@ def check_train_reply(
     weight = finite_metric(metrics, keys.NUM_EXAMPLES)
     if not 0 < weight <= max_weight:
         raise RejectedReply(f"'{keys.NUM_EXAMPLES}' is {weight}; expected (0, {max_weight:.0f}]")
+    finite_metric(metrics, keys.TRAIN_LOSS)  # a NaN loss is a training that went wrong
     ids = counts = None
     beside: set[str] = set()
     if rows is not None:

@@ -118,12 +118,15 @@ class RunReport:
         per_source = ", ".join(f"{s} {v:.3f}" for s, v in rows.items()) or f"no {what}"
         privacy = line.get("privacy")
         spent = f"; ε {privacy['epsilon']:.3g} (δ {privacy['delta']:g})" if privacy else ""
+        change = _average_change(history, server_round) if evaluated else ""
         log.info(
-            "round %d/%d done: avg %s %.4f [%s]%s; %.0f s elapsed, ETA %s",
+            "round %d/%d done: avg %s %.4f over %d source(s)%s [%s]%s; %.0f s elapsed, ETA %s",
             server_round,
             total,
             what,
             mean,
+            len(rows),
+            change,
             per_source,
             spent,
             wall_s,
@@ -233,18 +236,39 @@ def archive_previous_run(out_dir: Path) -> Path | None:
     return target
 
 
+def _average_change(history: RunHistory, server_round: int) -> str:
+    """How the sources of ``server_round``'s average differ from the last evaluated round's
+    (a source that joined, or was not measured): its average then covers other sources and
+    does not compare with that round's; "" where they are the same."""
+    now = set(history.rounds[server_round].eval)
+    before = next(
+        (
+            set(history.rounds[r].eval)
+            for r in sorted(history.rounds, reverse=True)
+            if r < server_round and history.rounds[r].eval
+        ),
+        None,
+    )
+    if before is None or before == now:
+        return ""
+    parts = [f"{', '.join(sorted(now - before))} joined" if now - before else ""]
+    parts.append(f"{', '.join(sorted(before - now))} not measured" if before - now else "")
+    said = "; ".join(p for p in parts if p)
+    return f" ({said}: not comparable with the last average, over {len(before)})"
+
+
 def build_summary(history: RunHistory, cfg: DeptConfig, wall_s: float) -> dict[str, Any]:
     """``summary.json``: final and initial per-source quality, tokens, embeddings, bytes;
     what failed for a source, and the nodes that never said what they serve."""
     names = sorted([*history.sources(), *history.never_succeeded()])
     sources = {name: _source_summary(history, name) for name in names}
-    paired = [
-        s
-        for s in sources.values()
+    paired = {
+        name: s
+        for name, s in sources.items()
         if _finite(s["val_bpb"]) is not None
         and _finite(s["initial_val_bpb"]) is not None
         and s["evaluated_round"]
-    ]
+    }
     return {
         "variant": cfg.variant,
         "model": cfg.model,
@@ -253,8 +277,9 @@ def build_summary(history: RunHistory, cfg: DeptConfig, wall_s: float) -> dict[s
         **_parameters_where_they_live(history, cfg),
         "sources": sources,
         # Averages over the sources measured both before and after, so they compare alike.
-        "avg_val_bpb": _mean(s["val_bpb"] for s in paired),
-        "initial_avg_val_bpb": _mean(s["initial_val_bpb"] for s in paired),
+        "avg_val_bpb": _mean(s["val_bpb"] for s in paired.values()),
+        "initial_avg_val_bpb": _mean(s["initial_val_bpb"] for s in paired.values()),
+        "avg_val_bpb_sources": sorted(paired),
         "comm": history.comm.as_dict(),
         "rejected_updates": sum(len(r.rejected) for r in history.rounds.values()),
         "failed_replies": sum(len(r.failed) for r in history.rounds.values()),
@@ -338,8 +363,10 @@ def render_table(summary: dict[str, Any]) -> str:
             f"{s['tokens_trained']:,}",
             f"{s['embedding_params']:,}",
         )
+    covered = summary.get("avg_val_bpb_sources", list(summary["sources"]))
+    left_out = [n for n in summary["sources"] if n not in covered]
     table.add_row(
-        "average",
+        f"average ({len(covered)} of {len(summary['sources'])})" if left_out else "average",
         _number(summary["initial_avg_val_bpb"], ".3f"),
         _number(summary["avg_val_bpb"], ".3f"),
         "",
@@ -367,10 +394,27 @@ def render_table(summary: dict[str, Any]) -> str:
     buffer = io.StringIO()
     console = Console(width=110, file=buffer)
     console.print(table)
+    if left_out:  # the average's sources, said where they are not all of them
+        console.print(Text(_left_out_note(summary, left_out)))
     for note in _failure_notes(summary):
         console.print(Text(note))  # Text: a reason's brackets are not rich markup
     console.print(comm_table)
     return buffer.getvalue()
+
+
+def _left_out_note(summary: dict[str, Any], left_out: list[str]) -> str:
+    """Which sources the averages leave out and why: a joiner has no figure from before
+    training, a source not measured at the end none from after."""
+    why = []
+    for name in left_out:
+        s = summary["sources"][name]
+        if s["joined_round"] and _number(s["initial_val_bpb"], ".3f") == "–":
+            why.append(f"{name} (joined in round {s['joined_round']}: no figure before training)")
+        else:
+            why.append(f"{name} (not measured both before and after)")
+    return "the averages are over the sources measured before and after; left out: " + ", ".join(
+        why
+    )
 
 
 def _failure_notes(summary: dict[str, Any]) -> list[str]:

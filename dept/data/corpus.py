@@ -196,7 +196,10 @@ def _no_text(spec: SourceSpec, origin: str) -> ValueError:
 
 
 def _hold_out(rows: Rows, spec: SourceSpec, seed: int) -> dict[str, Rows]:
-    train, validation = arrow_text.held_out(len(rows.ids), spec.val_fraction, seed)
+    try:
+        train, validation = arrow_text.held_out(len(rows.ids), spec.val_fraction, seed)
+    except ValueError as exc:  # which source, and where its documents come from
+        raise ValueError(f"source {spec.name!r} ({spec.path}): {exc}") from exc
     return {
         "train": rows.take(train).capped(spec.max_train_bytes),
         "validation": rows.take(validation),

@@ -20,6 +20,7 @@ from transformers import PreTrainedTokenizerFast
 EOS_TOKEN = "<|endoftext|>"
 SPECIAL_TOKENS = (EOS_TOKEN,)
 TOKENIZER_FILE = "tokenizer.json"
+DIGEST_FILE = "tokenizer.sha256"  # beside a cached tokenizer: the digest of the one trained
 MIN_VOCAB_SIZE = 256 + len(SPECIAL_TOKENS) + 1
 VOCAB_CHUNK = 1 << 22  # token ids counted at a time when finding V_k
 
@@ -51,13 +52,39 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int, out_dir: Path) -> Pat
 
 
 def ensure_tokenizer(out_dir: Path, vocab_size: int, texts: Iterable[str]) -> Path:
-    """Return ``out_dir/tokenizer.json``, training it first if absent (once, under a file lock)."""
+    """Return ``out_dir/tokenizer.json``, training it first if absent (once, under a file
+    lock). A cached one is used only if it is the file trained here (its digest, written
+    beside it) and no larger than ``vocab_size``: a file swapped into the cache is refused
+    by name, not trained with."""
     path = out_dir / TOKENIZER_FILE
     out_dir.mkdir(parents=True, exist_ok=True)
     with FileLock(str(out_dir / ".lock")):
         if not path.is_file():
             train_tokenizer(texts, vocab_size, out_dir)
+            (out_dir / DIGEST_FILE).write_text(tokenizer_digest(path) + "\n")
+        check_cached(path, vocab_size)
     return path
+
+
+def check_cached(path: Path, vocab_size: int) -> None:
+    """A cached tokenizer must be the one trained there and fit ``vocab_size``; else a
+    :class:`ValueError` naming it and how to have it trained again."""
+    again = f"remove {path.parent} to train it again"
+    record = path.parent / DIGEST_FILE
+    found = tokenizer_digest(path)
+    if record.is_file() and record.read_text().strip() != found:
+        raise ValueError(
+            f"the cached tokenizer {path} is not the one trained there (its digest is {found}, "
+            f"{record.name} says {record.read_text().strip()}): {again}"
+        )
+    size = len(load_tokenizer(path))
+    if size > vocab_size:
+        raise ValueError(
+            f"the cached tokenizer {path} has {size} tokens, more than the {vocab_size} it was "
+            f"trained for: {again}"
+        )
+    if not record.is_file():  # cached before digests were kept: it fits, so keep it
+        record.write_text(found + "\n")
 
 
 def load_tokenizer(path: Path) -> PreTrainedTokenizerFast:
@@ -68,7 +95,8 @@ def load_tokenizer(path: Path) -> PreTrainedTokenizerFast:
 
 
 def check_fits(tokenizer: PreTrainedTokenizerFast, path: Path, rows: int) -> None:
-    """A global tokenizer's ids must index the ``global-vocab-size`` rows of the global φ."""
+    """A global tokenizer has at most ``global-vocab-size`` tokens: its ids index the rows
+    of the global φ (GLOB, TRIM) and every run of one config means one vocabulary (SPEC)."""
     if len(tokenizer) > rows:
         raise ValueError(
             f"the global tokenizer {path} has {len(tokenizer)} tokens, more than config key "

@@ -50,7 +50,7 @@ def prepare_source(
             all_sources or [spec], cfg.global_vocab_size, cache, cfg.seed
         )
     tokenizer = load_tokenizer(path)
-    if variant(cfg.variant).shares_embeddings:  # its ids index the server's global φ
+    if not variant(cfg.variant).own_tokenizer:  # the run's one: global-vocab-size says its size
         check_fits(tokenizer, path, cfg.global_vocab_size)
     digest = tokenizer_digest(path)
     tokens = tokenize_source(text, tokenizer, digest, cache / "tokens" / spec.name)

@@ -13,12 +13,15 @@ from flwr.common.constant import ErrorCode
 
 from client_app.app import app as client_app
 from dept.config import load_config
+from dept.state.jsonl import read_lines
 from dept.train import source_client
-from dept_strategy.history import source_row
+from dept.wire import keys
+from dept_strategy.history import RunHistory, source_row
 from server_app.federation import run_federation
 from server_app.local_grid import LocalGrid
-from server_app.report import RunReport, render_table
+from server_app.report import RunReport, build_summary, render_table
 from tests.conftest import ProjectLog
+from tests.dept_strategy.mock_replies import mock_strategy, train_reply
 from tests.helpers import debug_run_config, synthetic_sources
 
 BROKEN = "source synth-greek: ValueError: its data cannot be read"
@@ -183,3 +186,56 @@ def test_a_round_without_evaluation_logs_its_training_loss_not_nan(
     assert len(done) == 4 and not any("nan" in line for line in done), done
     assert "avg val bpb" in done[0] and "avg val bpb" in done[3], "before and after the run"
     assert "avg train loss" in done[1] and "synth-latin" in done[1]
+
+
+def _evaluated(history: RunHistory, server_round: int, scores: dict[str, float]) -> None:
+    for source, bpb in scores.items():
+        history.record_eval(server_round, source, {keys.VAL_BPB: bpb})
+
+
+def test_an_average_over_other_sources_says_so_and_a_join_is_not_a_regression(
+    tmp_path: Path, project_log: ProjectLog
+) -> None:
+    # Prepare: two sources from the start; georgian joins in round 2 (no round-0 figure)
+    cfg = load_config(debug_run_config(tmp_path, **{"num-server-rounds": 2}))
+    history = RunHistory(10, cfg.local_steps)
+    _evaluated(history, 0, {"latin": 3.0, "greek": 3.2})
+    _evaluated(history, 1, {"latin": 2.4, "greek": 2.1})
+    for source in ("latin", "greek", "georgian"):
+        history.record_train(2, source, {keys.NUM_EXAMPLES: 8, keys.TRAIN_LOSS: 2.0}, 10)
+    _evaluated(history, 2, {"latin": 2.2, "greek": 1.9, "georgian": 3.4})
+    report = RunReport(tmp_path / "out", cfg, "run1")
+    # Execute
+    for server_round in (0, 1, 2):
+        history.round_ended(server_round, float(server_round))
+        report.round_done(history, server_round)
+    summary = build_summary(history, cfg, 2.0)
+    table = render_table(summary)
+    # Assert: each round's line names how many sources its average covers, and the join
+    [line] = [r.getMessage() for r in project_log.records if "round 2/2 done" in r.getMessage()]
+    assert (
+        "over 3 source(s) (georgian joined: not comparable with the last average, over 2)" in line
+    )
+    assert "round 1/2 done: avg val bpb 2.2500 over 2 source(s) [" in project_log.text
+    metrics = read_lines(tmp_path / "out" / "metrics.jsonl")
+    assert metrics[2]["avg_val_bpb_sources"] == ["georgian", "greek", "latin"]
+    # the summary's averages are over the sources measured before and after, and say which
+    assert summary["avg_val_bpb_sources"] == ["greek", "latin"]
+    assert summary["avg_val_bpb"] == pytest.approx((2.2 + 1.9) / 2)
+    assert "average (2 of 3)" in table
+    said = " ".join(table.split())  # the note wraps at the console's width
+    assert "left out: georgian (joined in round 2: no figure before training)" in said
+
+
+def test_a_reply_whose_training_loss_is_nan_is_refused_and_named() -> None:
+    strategy = mock_strategy()
+    body = {"a": np.full((2, 3), 1e-3, np.float32), "b": np.full(4, 1e-3, np.float32)}
+    good = train_reply(strategy, 1, body, 100, "a")
+    nan = train_reply(strategy, 2, body, 100, "b")
+    nan.content.metric_records[keys.METRICS][keys.TRAIN_LOSS] = float("nan")
+    assert strategy.aggregate_train(1, [good, nan])[0] is not None
+    [rejected] = strategy.history.rounds[1].rejected
+    assert (
+        rejected["source"] == "b" and "'train-loss' must be a finite number" in rejected["reason"]
+    )
+    assert [(p["kind"], p["source"]) for p in strategy.history.problems()] == [("rejected", "b")]

@@ -86,6 +86,16 @@ def test_file_sources_hold_out_validation(tmp_path: Path, suffix: str) -> None:
         load_source_text(bad, tmp_path / "cache", seed=0)
 
 
+def test_a_source_of_one_document_is_named_where_nothing_is_left_to_train(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "one.jsonl"
+    path.write_text(json.dumps({"text": "a single line " * 50}) + "\n")
+    spec = SourceSpec(name="lonely", path=str(path), val_fraction=0.05)
+    with pytest.raises(ValueError, match=rf"source 'lonely' \({path}\): holding out 0.05 of 1"):
+        load_source_text(spec, tmp_path / "cache", seed=0)
+
+
 def test_tokenized_cache_is_reused_and_documents_end_with_eos(tmp_path: Path) -> None:
     folder = ensure_synthetic_corpus("latin", 0, tmp_path, train_bytes=20_000, val_bytes=4_000)
     text = load_source_text(SourceSpec(name="l", path=str(folder)), tmp_path, seed=0)

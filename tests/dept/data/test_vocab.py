@@ -44,6 +44,23 @@ def test_ensure_tokenizer_trains_once(tmp_path: Path) -> None:
     assert again == path and path.stat().st_mtime_ns == stamp
 
 
+def test_a_cached_tokenizer_swapped_for_another_is_refused_by_name(tmp_path: Path) -> None:
+    path = ensure_tokenizer(tmp_path / "own", 400, iter(TEXTS))
+    other = train_tokenizer(TEXTS[:1] * 10, 300, tmp_path / "other")
+    path.write_bytes(other.read_bytes())  # a file put in the cache by hand
+    with pytest.raises(ValueError, match=rf"cached tokenizer {path} is not the one trained"):
+        ensure_tokenizer(tmp_path / "own", 400, iter(TEXTS))
+
+
+def test_a_cached_tokenizer_larger_than_its_size_is_refused(tmp_path: Path) -> None:
+    big = train_tokenizer(TEXTS * 4, 1000, tmp_path / "big")
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    (cache / "tokenizer.json").write_bytes(big.read_bytes())  # an old cache: no digest kept
+    with pytest.raises(ValueError, match=r"has \d+ tokens, more than the 300 it was trained for"):
+        ensure_tokenizer(cache, 300, iter(TEXTS))
+
+
 def test_vocab_size_too_small(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="vocab-size"):
         train_tokenizer(TEXTS, 100, tmp_path)
