@@ -34,6 +34,7 @@ from transformers import PreTrainedTokenizerFast
 from dept.data import arrow_text
 from dept.data.arrow_text import Rows
 from dept.data.fingerprint import digest, files_key
+from dept.data.pieces import MAX_DOCUMENT_BYTES, longest_document, training_pieces
 from dept.data.shards import Plan, recorded_ranges, tokenized_splits
 from dept.data.sources import BUILTIN_PREFIX, HF_PREFIX, SourceSpec, source_files
 from dept.data.synthetic import ensure_synthetic_corpus
@@ -120,6 +121,7 @@ def _written(
 
 
 def _load_files(builder: str, files: dict[str, str], spec: SourceSpec) -> dict[str, Rows]:
+    check_document_sizes(builder, files, spec)
     kwargs = {"sample_by": spec.sample_by} if builder == "text" else {}
     try:  # (StopIteration is what datasets' json builder raises for an empty file)
         loaded = datasets.load_dataset(
@@ -130,9 +132,37 @@ def _load_files(builder: str, files: dict[str, str], spec: SourceSpec) -> dict[s
     return {k: _text_only(v, spec, _files_named(spec, files[k])) for k, v in loaded.items()}
 
 
+# what ends a document, by builder and (text) sample-by: datasets reads a document whole
+DOCUMENT_ENDS = {"json": b"\n", "line": b"\n", "paragraph": b"\n\n", "document": None}
+
+
+def check_document_sizes(builder: str, files: dict[str, str], spec: SourceSpec) -> None:
+    """A :class:`ValueError` naming the file, the document and the fix where one document of
+    a text or JSON Lines file is over :data:`MAX_DOCUMENT_BYTES`, found in seconds by a scan
+    of the bytes, before ``datasets`` would load it whole (and memory would follow it)."""
+    if builder not in ("text", "json"):
+        return
+    separator = DOCUMENT_ENDS["json" if builder == "json" else spec.sample_by]
+    for path in (p for pattern in files.values() for p in _matching(spec, pattern)):
+        size, number = longest_document(path, separator)
+        if size > MAX_DOCUMENT_BYTES:
+            what = "line" if separator == b"\n" else "paragraph" if separator else "file"
+            raise ValueError(
+                f"source {spec.name!r}: {path} holds a document of {size / 2**20:.0f} MiB "
+                f"({what} {number}), more than the {MAX_DOCUMENT_BYTES >> 20} MiB one may be: "
+                "split it into documents (one per line with sample-by 'line', or paragraphs "
+                "separated by a blank line)"
+            )
+
+
+def _matching(spec: SourceSpec, pattern: str) -> list[Path]:
+    """The local files ``pattern`` names (a glob for a files source)."""
+    return source_files(spec) if spec.kind == "files" else [Path(pattern)]
+
+
 def _files_named(spec: SourceSpec, pattern: str) -> str:
     """``pattern`` as a message names it: the file, or the glob and how many files it matches."""
-    matches = source_files(spec) if spec.kind == "files" else [Path(pattern)]
+    matches = _matching(spec, pattern)
     if len(matches) == 1:
         return str(matches[0])
     return f"{pattern} ({len(matches)} files, rows counted across them in name order)"
@@ -230,7 +260,7 @@ def text_sample(table: datasets.Dataset, max_bytes: int, seed: int) -> Iterator[
     for texts in arrow_text.batches(table, 0, rows):
         chosen = texts.filter(pa.array(rng.random(len(texts)) < keep))
         for text, size in zip(chosen.to_pylist(), pc.binary_length(chosen).to_numpy(), strict=True):
-            yield text
+            yield from training_pieces(text)  # a long document or word in bounded pieces
             taken += int(size)
             if taken >= max_bytes:
                 return

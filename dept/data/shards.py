@@ -18,6 +18,7 @@ import itertools
 import json
 import logging
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,6 +28,7 @@ from tokenizers import Tokenizer
 from tqdm import tqdm
 
 from dept.data import arrow_text
+from dept.data.pieces import pieces
 
 ENCODE_BYTES = 4_000_000  # text per batch handed to the encoder
 BATCHES_PER_SHARD = 16  # the unit of resumption: about 64 MB of text
@@ -128,9 +130,9 @@ def write_split(
             start = shard * plan.rows_per_shard
             stop = min(len(table), start + plan.rows_per_shard)
             for batch in itertools.islice(texts, plan.batches_per_shard):
-                ids = _encoded(batch.to_pylist(), tokenizer, eos)
-                ids.astype(dtype, copy=False).tofile(out)
-                done["tokens"] += len(ids)
+                for ids in _encoded(batch.to_pylist(), tokenizer, eos):
+                    ids.astype(dtype, copy=False).tofile(out)
+                    done["tokens"] += len(ids)
             out.flush()
             os.fsync(out.fileno())
             done["shards"] = shard + 1
@@ -158,12 +160,40 @@ def _commit(progress_file: Path, done: dict[str, int]) -> None:
     tmp.replace(progress_file)
 
 
-def _encoded(texts: list[str], tokenizer: Tokenizer, eos: int) -> np.ndarray:
-    """The token ids of ``texts``, an EOS after each document."""
+def _encoded(texts: list[str], tokenizer: Tokenizer, eos: int) -> Iterator[np.ndarray]:
+    """The token ids of ``texts``, an EOS after each document, in arrays of at most
+    :data:`ENCODE_BYTES` of text each: a long document is encoded a piece at a time
+    (:func:`dept.data.pieces.pieces`), so memory does not grow with it."""
+    group: list[str] = []
+    ends: list[bool] = []  # whether each piece of the group ends its document
+    size = 0
+    for text in texts:
+        for piece, last in _with_last(pieces(text)):
+            group.append(piece)
+            ends.append(last)
+            size += len(piece)
+            if size >= ENCODE_BYTES:
+                yield _encode_group(group, ends, tokenizer, eos)
+                group, ends, size = [], [], 0
+    if group:
+        yield _encode_group(group, ends, tokenizer, eos)
+
+
+def _with_last(items: Iterator[str]) -> Iterator[tuple[str, bool]]:
+    """Each item and whether it is the last."""
+    previous = next(items)
+    for item in items:
+        yield previous, False
+        previous = item
+    yield previous, True
+
+
+def _encode_group(texts: list[str], ends: list[bool], tokenizer: Tokenizer, eos: int) -> np.ndarray:
+    """The ids of ``texts`` (pieces), an EOS after each that ``ends`` its document."""
     ids = [e.ids for e in tokenizer.encode_batch_fast(texts, add_special_tokens=False)]
     lengths = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
     flat = np.fromiter(itertools.chain.from_iterable(ids), np.int64, int(lengths.sum()))
-    return np.insert(flat, np.cumsum(lengths), eos)  # (tokens + docs,)
+    return np.insert(flat, np.cumsum(lengths)[np.asarray(ends, bool)], eos)
 
 
 def read_split(path: Path, dtype: np.dtype, tokens: int) -> np.ndarray:
