@@ -6,7 +6,8 @@ body: an unsigned 400 MB POST took it from 150 MB to 930 MB of memory. nginx ask
 service first (``auth_request``, with the headers alone), so a stranger's body never
 reaches the SuperLink. The check is the SuperLink's own (Flower's headers, tolerance and
 signature primitives): the node's public key, an ISO timestamp and its ECDSA signature of
-that timestamp.
+that timestamp. One thing it adds: a signature passes once (:class:`SeenSignatures`), so a
+captured header set cannot act as its node while its timestamp is fresh.
 
 Registered keys are read from the SuperLink's own database, read-only: it is what
 ``flwr supernode register`` and ``unregister`` write, so a change is seen once a key's
@@ -49,6 +50,9 @@ log = logging.getLogger(__name__)
 
 VERDICT_S = 2.0  # how long a key's registration verdict is reused before the database is asked
 MAX_CACHED_KEYS = 4096  # then the cache starts afresh: signed junk keys cannot grow it forever
+# A signature is fresh for as long as the SuperLink accepts its timestamp; it passes once.
+FRESH_S = TIMESTAMP_TOLERANCE + SYSTEM_TIME_TOLERANCE
+MAX_SEEN = 200_000  # fresh signatures kept at once (a node's calls in FRESH_S, all nodes)
 LOG_EVERY_S = 10.0  # a refusal reason is logged at most this often (a flood stays one line)
 DEFAULT_LISTEN = "127.0.0.1:9301"
 EXAMPLES = """examples:
@@ -103,10 +107,40 @@ class RegisteredKeys:
         return row is not None and row[0] != NodeStatus.UNREGISTERED
 
 
+class SeenSignatures:
+    """The signatures that passed while they are fresh, so each passes once: Flower signs
+    only a timestamp, and one captured header set would otherwise act as its node, with any
+    body, from anywhere, until it goes stale. A SuperNode signs every attempt of every call
+    anew (its HTTP client builds a fresh request per retry), so an honest node never sends
+    one twice. Bounded: past :data:`MAX_SEEN` fresh signatures at once it refuses (fails
+    closed) rather than forgets one that could then be replayed."""
+
+    def __init__(self, fresh_s: float = FRESH_S) -> None:
+        self.fresh_s = fresh_s
+        self._expiry: dict[bytes, float] = {}
+        self._lock = threading.Lock()
+
+    def first_use(self, signature: bytes, signed_at: float, now: float) -> Verdict | None:
+        """None, and the signature is kept, where this is its first use; else the refusal."""
+        with self._lock:
+            if signature in self._expiry:
+                return Verdict(401, "a signature already used (a replay)")
+            if len(self._expiry) >= MAX_SEEN:
+                self._expiry = {s: t for s, t in self._expiry.items() if t > now}
+                if len(self._expiry) >= MAX_SEEN:
+                    return Verdict(401, f"more than {MAX_SEEN} fresh signatures at once")
+            self._expiry[signature] = signed_at + self.fresh_s
+        return None
+
+
 def check(
-    headers: Headers, keys: RegisteredKeys, clock: Callable[[], float] = time.time
+    headers: Headers,
+    keys: RegisteredKeys,
+    clock: Callable[[], float] = time.time,
+    seen: SeenSignatures | None = None,
 ) -> Verdict:
-    """The verdict on one Fleet call's headers, as the SuperLink would judge them."""
+    """The verdict on one Fleet call's headers, as the SuperLink would judge them, and, with
+    ``seen``, refused where the same signature passed before."""
     names = (FLEET_HTTP_PUBLIC_KEY_HEADER, FLEET_HTTP_SIGNATURE_HEADER, TIMESTAMP_HEADER)
     encoded_key, encoded_signature, stamp = (headers.get(name) for name in names)
     if encoded_key is None or encoded_signature is None or stamp is None:
@@ -130,6 +164,8 @@ def check(
         return Verdict(401, "a signature that does not match the key")
     if not keys.registered(key):
         return Verdict(401, "a key that is not registered")
+    if seen is not None and (replayed := seen.first_use(signature, signed_at.timestamp(), clock())):
+        return replayed
     return PASS
 
 
@@ -154,14 +190,16 @@ class RefusalLog:
         )
 
 
-def handler(keys: RegisteredKeys, refusals: RefusalLog) -> type[BaseHTTPRequestHandler]:
+def handler(
+    keys: RegisteredKeys, refusals: RefusalLog, seen: SeenSignatures
+) -> type[BaseHTTPRequestHandler]:
     """The request handler: any method, any path, the verdict as the status, no body."""
 
     class Verdicts(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"  # keep-alive: nginx may reuse its connections
 
         def _answer(self) -> None:
-            verdict = check(self.headers, keys)
+            verdict = check(self.headers, keys, seen=seen)
             if verdict.status != 200:
                 client = self.headers.get("X-Forwarded-For", self.client_address[0])
                 refusals.refused(verdict, client)
@@ -181,7 +219,7 @@ def serve(database: Path, listen: str, ttl_s: float = VERDICT_S) -> ThreadingHTT
     """The verifier bound to ``listen`` (HOST:PORT; port 0 takes a free one), not yet serving."""
     host, _, port = listen.rpartition(":")
     keys = RegisteredKeys(database, ttl_s)
-    server = ThreadingHTTPServer((host, int(port)), handler(keys, RefusalLog()))
+    server = ThreadingHTTPServer((host, int(port)), handler(keys, RefusalLog(), SeenSignatures()))
     server.daemon_threads = True
     return server
 

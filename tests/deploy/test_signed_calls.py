@@ -174,6 +174,39 @@ def test_slow_senders_hold_nothing_an_honest_node_needs(doors: Doors) -> None:
     assert honest.status_code == 400 and "protobuf" in honest.text, honest.text
 
 
+def test_a_captured_signature_passes_once_and_a_node_holds_at_most_16_calls(
+    doors: Doors,
+) -> None:
+    """Issue #49: Flower signs only a timestamp, so one captured header set acted as its node
+    for ~305 s, with any body, and 241 slow bodies with valid signed headers were held."""
+    signer = node_key(doors, "signer")
+    captured = gateway.signed_headers(signer)
+    first = fleet(doors, "get-run", b"junk", captured)
+    assert first.status_code == 400 and "protobuf" in first.text, "it reached the SuperLink"
+    replayed = fleet(doors, "get-run", b"junk", captured)
+    assert replayed.status_code == 401 and from_the_gateway(replayed)
+    # Slow bodies, each with a fresh signature of the one key: 16 are held, the rest refused.
+    host, port = doors.gateway.rsplit(":", 1)
+    context = ssl.create_default_context(cafile=doors.certs / "ca.crt")
+    with contextlib.ExitStack() as stack:
+        held, refused = 0, []
+        for _ in range(20):
+            signed = "".join(f"{k}: {v}\r\n" for k, v in gateway.signed_headers(signer).items())
+            head = (
+                f"POST /v1/fleet/push-messages HTTP/1.1\r\nHost: {doors.gateway}\r\n{signed}"
+                "Content-Type: application/protobuf\r\nContent-Length: 1000000\r\n\r\n0"
+            )
+            raw = stack.enter_context(socket.create_connection((host, int(port)), timeout=5))
+            tls = stack.enter_context(context.wrap_socket(raw, server_hostname=host))
+            tls.sendall(head.encode())
+            tls.settimeout(1.0)  # answered at once: not let through; else it is held
+            try:
+                refused.append(int(tls.recv(4096).decode("latin-1").split()[1]))
+            except TimeoutError:
+                held += 1
+    assert held == 16 and refused == [429] * 4, (held, refused)
+
+
 def test_the_gateway_fails_closed_without_its_verifier(doors: Doors) -> None:
     verifier = next(p for p in doors.loopback.processes if p.name == "gateway-auth")
     signer = node_key(doors, "signer")

@@ -19,7 +19,7 @@ from flwr.supercore.state.schema.linkstate_models import LinkStateBase
 from sqlalchemy import create_engine
 
 from dept_cli import gateway_auth
-from dept_cli.gateway_auth import RegisteredKeys, check
+from dept_cli.gateway_auth import RegisteredKeys, SeenSignatures, check
 from tests.deploy.gateway import signed_headers
 
 
@@ -100,6 +100,31 @@ def test_a_change_in_registration_counts_once_the_verdict_expires(database: Path
     assert check(signed_headers(node), keys).status == 401
 
 
+def test_a_signature_passes_once_and_a_replay_is_refused(database: Path) -> None:
+    node = new_key()
+    register(database, node, 1, "online")
+    keys, seen = RegisteredKeys(database), SeenSignatures()
+    captured = signed_headers(node)
+    assert check(captured, keys, seen=seen).status == 200
+    replayed = check(captured, keys, seen=seen)
+    assert (replayed.status, replayed.reason) == (401, "a signature already used (a replay)")
+    assert check(signed_headers(node), keys, seen=seen).status == 200, "a fresh one passes"
+
+
+def test_the_replay_cache_forgets_stale_signatures_and_fails_closed_when_full(
+    database: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(gateway_auth, "MAX_SEEN", 2)
+    seen = SeenSignatures(fresh_s=10.0)
+    assert seen.first_use(b"a", signed_at=0.0, now=1.0) is None
+    assert seen.first_use(b"b", signed_at=5.0, now=6.0) is None
+    full = seen.first_use(b"c", signed_at=6.0, now=7.0)
+    assert full is not None and full.status == 401, "both still fresh: refused, not forgotten"
+    assert seen.first_use(b"c", signed_at=11.0, now=12.0) is None, "a's time is up: room"
+    again = seen.first_use(b"b", signed_at=5.0, now=12.0)
+    assert again is not None and "replay" in again.reason
+
+
 def test_a_missing_table_fails_at_start(tmp_path: Path) -> None:
     empty = tmp_path / "empty.db"
     sqlite3.connect(empty).close()
@@ -124,13 +149,14 @@ def test_nginx_gets_the_verdict_as_the_status(database: Path, verifier: tuple[st
     register(database, node, 1, "online")
     answers = []
     connection = http.client.HTTPConnection(*verifier, timeout=10)
-    for headers in (signed_headers(node), {}, signed_headers(new_key())):
+    captured = signed_headers(node)
+    for headers in (captured, {}, signed_headers(new_key()), captured):
         connection.request("GET", "/check", headers=headers)  # one kept-alive connection
         response = connection.getresponse()
         assert response.read() == b""
         answers.append(response.status)
     connection.close()
-    assert answers == [200, 401, 401]
+    assert answers == [200, 401, 401, 401], "the last: the first one's headers, replayed"
 
 
 def test_the_command_names_a_missing_database(tmp_path: Path) -> None:
