@@ -7,11 +7,15 @@ only in what of φ and ψ leaves a source's node:
 =========  ==============  =====================================  =====================
 variant    tokenizer       φ (token embeddings)                   ψ (positions)
 =========  ==============  =====================================  =====================
-GLOB       the run's one   the whole global φ, averaged           shared, averaged
+GLOB       the run's one   the whole global φ, averaged by row    shared, averaged
 TRIM       the run's one   the source's V_k rows of the global φ  shared, averaged
 SPEC       the run's one   φ_k: its V_k rows + "other", kept      kept with the source
 SPEC-OPT   its own         φ_k: its own vocabulary, kept          kept with the source
 =========  ==============  =====================================  =====================
+
+Which of its rows a GLOB or TRIM source sends after a round is :data:`EmbeddingRowsName`
+(``embedding-rows``): by default those its round saw, each row averaged over its senders,
+which is the paper's rule at the paper's scale (docs/variants.md says why).
 
 Everything else asks :data:`VARIANTS`; nothing compares a variant's name. A new variant is one
 more row here (and its name in :data:`VariantName`), plus code only where it needs a behaviour
