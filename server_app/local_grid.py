@@ -8,7 +8,7 @@ runtime does; an exception in the ClientApp becomes an error reply, as in the ru
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from flwr.app import Context, Error, Message, RecordDict
@@ -17,12 +17,17 @@ from flwr.common.constant import ErrorCode
 from flwr.serverapp import Grid
 from flwr.supercore.task_identity import TaskIdentity
 
+ClientAppLike = ClientApp | Callable[[Message, Context], Message]  # tests wrap the app
+
 
 class LocalGrid(Grid):
     """Nodes ``1..N`` with the given node configs, all served by ``client_app``."""
 
     def __init__(
-        self, client_app: ClientApp, node_configs: list[dict[str, Any]], run_config: dict[str, Any]
+        self,
+        client_app: ClientAppLike,
+        node_configs: list[dict[str, Any]],
+        run_config: dict[str, Any],
     ) -> None:
         self.client_app = client_app
         # Message() reads the sender's identity from this process-wide holder, which the

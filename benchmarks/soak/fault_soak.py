@@ -6,10 +6,11 @@ worker or the ServerApp (then resumes the run), pauses a SuperNode past Flower's
 window (a partition), or corrupts a source's newest round state or the server's newest
 checkpoint (then kills and resumes the server, which must pass over it). At the end it
 checks that every round finished, that no source restarted its embeddings unless a fault
-caused it (``summary.json`` lists each source's fresh starts), that the result equals a
-fault-free run's where only server faults were injected (within a stated tolerance
-otherwise), and that nothing is left behind: no process, held lock, socket or temporary
-folder. ::
+caused it (``summary.json`` lists each source's fresh starts), that the result equals its
+participation twin's (the same rounds of each source, trained in process without faults:
+:mod:`benchmarks.soak.reference`) where only server faults were injected and is within the
+fault-free run's spread over seeds of it otherwise, and that nothing is left behind: no
+process, held lock, socket or temporary folder. ::
 
     python -m benchmarks.soak.fault_soak --rounds 60 --faults 100        # the long soak
     python -m benchmarks.soak.fault_soak --rounds 8 --faults 10          # the short one
@@ -36,7 +37,7 @@ from typing import Any
 from benchmarks.measure import RESULTS
 from benchmarks.soak import checks
 from benchmarks.soak import faults as inject
-from benchmarks.soak.reference import run_reference
+from benchmarks.soak.reference import absences, run_reference
 from benchmarks.soak.report import by_kind, render, write
 from benchmarks.soak.watch import Fault, Rounds
 from server_app.checkpoint import CHECKPOINTS, TENSORS_FILE
@@ -61,6 +62,9 @@ class Options:
     partition_s: float = PARTITION_S
     kinds: tuple[str, ...] = inject.KINDS
     timeout_s: float = 1800.0
+    # fault-free runs under seeds 0, 1, ...: their spread is then the tolerance (else the
+    # committed checks.SPREAD_TOLERANCE)
+    reference_seeds: int = 0
 
 
 @dataclass
@@ -276,9 +280,19 @@ def run_soak(opts: Options) -> dict[str, Any]:
         deployment.close(GRACE_S)
     left = checks.leftovers(opts.work, groups)
     wall_s = time.monotonic() - soak.started
-    reference = run_reference(soak.out, opts.work / "reference", SOURCES)
+    absent = absences(soak.out, SOURCES)
+    twin = run_reference(soak.out, opts.work / "twin", SOURCES, absent=absent)
+    seeds = [
+        run_reference(soak.out, opts.work / f"reference-{seed}", SOURCES, seed=seed)
+        for seed in range(opts.reference_seeds)
+    ]
+    tolerance = checks.spread(seeds) if len(seeds) > 1 else checks.SPREAD_TOLERANCE
     exact = {f.kind for f in soak.injected} <= inject.EXACT_KINDS
-    figures, off = checks.compare(soak.out, reference, exact)
+    figures, off = checks.compare(soak.out, twin, exact, tolerance)
+    figures["absent"] = absent
+    figures["reference_seeds"] = {
+        str(seed): checks.average(checks.final_bpb(run).values()) for seed, run in enumerate(seeds)
+    }
     summary = json.loads((soak.out / "summary.json").read_text())
     rows = soak.rows()
     return {
@@ -310,6 +324,13 @@ def arguments() -> argparse.ArgumentParser:
     parser.add_argument("--partition-s", type=float, default=PARTITION_S)
     parser.add_argument("--kinds", default=",".join(inject.KINDS), help="comma-separated")
     parser.add_argument("--timeout-s", type=float, default=1800.0)
+    parser.add_argument(
+        "--reference-seeds",
+        type=int,
+        default=0,
+        help="fault-free runs under this many seeds, whose spread is the tolerance (0: the "
+        "committed one)",
+    )
     parser.add_argument("--work", type=Path, required=True, help="scratch folder (emptied)")
     parser.add_argument("--out", type=Path, default=RESULTS / "fault-soak")
     return parser
@@ -322,7 +343,17 @@ def main(argv: list[str] | None = None) -> int:
     unknown = sorted(set(kinds) - set(inject.KINDS))
     if unknown:
         raise SystemExit(f"unknown fault kinds {unknown}; known: {', '.join(inject.KINDS)}")
-    named = ("work", "rounds", "faults", "seed", "local_steps", "gap_s", "partition_s", "timeout_s")
+    named = (
+        "work",
+        "rounds",
+        "faults",
+        "seed",
+        "local_steps",
+        "gap_s",
+        "partition_s",
+        "timeout_s",
+        "reference_seeds",
+    )
     opts = Options(kinds=kinds, **{k: getattr(args, k) for k in named})
     result = run_soak(opts)
     write(result, args.out)

@@ -1,23 +1,34 @@
-"""The fault-free run a soak is compared with: the same run config (read from the soak's
+"""The fault-free runs a soak is judged against: the same run config (read from the soak's
 checkpoint), the same sources and node settings, driven in process (``LocalGrid``) rather
 than through the deployment, which computes the same numbers: sampling and aggregation go
 by source name, never by node id or arrival order.
 
-Run as its own process (``python -m benchmarks.soak.reference RUN_DIR OUT_DIR``) with one
-thread, as the deployment's trainers run, so float sums are made in the same order.
+- The **twin** trains each source in exactly the rounds the soak took an update of it from
+  (a source the soak lost a round of is told to fail that round): what the soak would end at
+  if its faults had cost nothing but those rounds. Any gap between the two is what the
+  faults cost beyond the rounds they took (a state lost, a stretch of data replayed).
+- The **references** are the fault-free run under other seeds: their spread is the scale a
+  gap is judged on (:mod:`benchmarks.soak.checks`).
+
+Each runs as its own process (``python -m benchmarks.soak.reference RUN_DIR OUT_DIR SEED
+ABSENT_JSON SOURCES...``) with one thread, as the deployment's trainers run, so float sums
+are made in the same order.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
+from dept.state.jsonl import read_lines
 from server_app.checkpoint import saved_run_config
 
 VOCAB_SIZE = 300  # as tests/deploy/test_deployment.py's node_config gives every node
+ABSENT = "absent in the soak"
 
 
 def node_configs(sources: tuple[str, ...], state: Path) -> list[dict[str, Any]]:
@@ -34,25 +45,66 @@ def node_configs(sources: tuple[str, ...], state: Path) -> list[dict[str, Any]]:
     ]
 
 
-def run_reference(run_dir: Path, out: Path, sources: tuple[str, ...]) -> Path:
-    """Train the fault-free twin of the run in ``run_dir`` into ``out/run``; its folder."""
+def absences(run_dir: Path, sources: tuple[str, ...]) -> dict[int, list[str]]:
+    """Per training round of the run in ``run_dir``, the sources it took no update from (the
+    last line of each round: a resumed server rewrites the rounds after its checkpoint)."""
+    last = {int(line["round"]): line for line in read_lines(run_dir / "metrics.jsonl")}
+    return {
+        r: [s for s in sources if not last[r]["sources"].get(s, {}).get("tokens")]
+        for r in sorted(last)
+        if r > 0
+    }
+
+
+def run_reference(
+    run_dir: Path,
+    out: Path,
+    sources: tuple[str, ...],
+    *,
+    seed: int | None = None,
+    absent: dict[int, list[str]] | None = None,
+) -> Path:
+    """Train the fault-free run of the config in ``run_dir`` into ``out/run`` (its folder):
+    under its own seed or ``seed``, each source absent from the rounds ``absent`` names."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "absent.json").write_text(json.dumps(absent or {}))
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     command = [sys.executable, "-m", "benchmarks.soak.reference", str(run_dir), str(out)]
-    subprocess.run([*command, *sources], check=True, env=env, timeout=1800)
+    command += [str(-1 if seed is None else seed), str(out / "absent.json"), *sources]
+    subprocess.run(command, check=True, env=env, timeout=1800)
     return out / "run"
 
 
 def main(argv: list[str]) -> None:
+    from flwr.app import Error, Message, MessageType
+
     from client_app.app import app as client_app  # torch and co., only in this process
+    from dept.wire import keys
     from server_app.federation import run_federation
     from server_app.local_grid import LocalGrid
 
-    run_dir, out, sources = Path(argv[0]), Path(argv[1]), tuple(argv[2:])
+    run_dir, out, seed, absent_file = Path(argv[0]), Path(argv[1]), int(argv[2]), argv[3]
+    sources = tuple(argv[4:])
     saved = saved_run_config(run_dir)
     if saved is None:
         raise SystemExit(f"{run_dir} holds no checkpoint to read the run config from")
     config = {**saved[1], "resume": False, "output-dir": str(out / "run")}
-    grid = LocalGrid(client_app, node_configs(sources, out / "state"), config)
+    if seed >= 0:
+        config["seed"] = seed
+    absent = {int(r): set(s) for r, s in json.loads(Path(absent_file).read_text()).items()}
+
+    def as_in_the_soak(msg: Message, context: Any) -> Message:
+        """The client app, but a source fails the rounds the soak took nothing from it."""
+        content = msg.content.config_records.get(keys.CONFIG)
+        server_round = int(str(content.get(keys.SERVER_ROUND, 0))) if content else 0
+        source = str(content.get(keys.SOURCE, "")) if content else ""
+        if msg.metadata.message_type == MessageType.TRAIN and source in absent.get(
+            server_round, ()
+        ):
+            return Message(Error(code=0, reason=f"source {source}: {ABSENT}"), reply_to=msg)
+        return client_app(msg, context)
+
+    grid = LocalGrid(as_in_the_soak, node_configs(sources, out / "state"), config)
     run_federation(grid, config)
 
 
