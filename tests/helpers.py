@@ -141,30 +141,15 @@ def held_elsewhere(folder: Path) -> Iterator[int]:
 
 @contextlib.contextmanager
 def small_disk(folder: Path, size: str = "64m") -> Iterator[Path]:
-    """``folder`` as a fresh tmpfs of ``size``, so a test can fill a real disk; the test is
-    skipped, saying why, where this process may not mount one (it needs root)."""
-    folder.mkdir(parents=True, exist_ok=True)
-    mounted = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(folder)],
-        capture_output=True,
-        text=True,
-    )
-    if mounted.returncode:
-        pytest.skip(f"a full disk needs a tmpfs, and mount failed: {mounted.stderr.strip()}")
+    """``folder`` as a fresh tmpfs of ``size``, so a test can fill a real disk
+    (:func:`benchmarks.soak.faults.fill`); the test is skipped, saying why, where this
+    process may not mount one (it needs root)."""
+    from benchmarks.soak import faults
+
+    why = faults.small_disk(folder, size)
+    if why:
+        pytest.skip(f"a full disk needs a tmpfs, and mount failed: {why}")
     try:
         yield folder
     finally:
-        subprocess.run(["umount", "-l", str(folder)], capture_output=True)
-
-
-def fill_disk(folder: Path, leave: int = 0) -> Path:
-    """Fill the disk of ``folder`` but ``leave`` bytes, with a file there; the file."""
-    filler = folder / ".filler"
-    with filler.open("ab") as f:
-        while (free := os.statvfs(folder).f_bavail * os.statvfs(folder).f_frsize) > leave:
-            try:
-                f.write(b"\0" * min(free - leave, 1 << 20))
-                f.flush()
-            except OSError:
-                break
-    return filler
+        faults.unmount(folder)

@@ -37,9 +37,9 @@ SPREAD_TOLERANCE = 0.02
 TEMPORARY = (".tmp-", ".spool", ".mode-probe-")
 
 
-# Faults that can cost a source its newest state: a corrupted file, or a worker killed while it
-# wrote the state behind a reply (dept.state.write_behind).
-STATE_LOSING = (faults.CLIENT_STATE, faults.WORKER)
+# Faults that can cost a source its newest state: a corrupted file, a worker killed while it
+# wrote the state behind a reply (dept.state.write_behind), a full disk under that write.
+STATE_LOSING = (faults.CLIENT_STATE, faults.WORKER, faults.STATE_FULL)
 
 
 def unexplained_state_events(summary: dict[str, Any], injected: list[Fault]) -> list[str]:

@@ -49,6 +49,8 @@ PARTITION_S = 70.0  # Flower 1.42 drops a node after 2 missed heartbeats of 30 s
 POLL_S = 0.5
 GRACE_S = 20.0  # a SIGTERMed process's time to exit cleanly at the end
 RESUMED = re.compile(r"resuming run \S+ after round (\d+)")
+DISK_SIZE = "64m"  # each small disk: a node's state, the server's output
+FILLER = ".filler"  # what fills one (benchmarks.soak.faults.fill)
 
 
 @dataclass(frozen=True)
@@ -62,6 +64,7 @@ class Options:
     partition_s: float = PARTITION_S
     kinds: tuple[str, ...] = inject.KINDS
     timeout_s: float = 1800.0
+    full_s: float = 20.0  # how long a node's state disk stays full
     # fault-free runs under seeds 0, 1, ...: their spread is then the tolerance (else the
     # committed checks.SPREAD_TOLERANCE)
     reference_seeds: int = 0
@@ -76,6 +79,7 @@ class Soak:
     nodes: dict[str, Node] = field(default_factory=dict)
     injected: list[Fault] = field(default_factory=list)
     paused: dict[str, float] = field(default_factory=dict)  # source: when to SIGCONT it
+    filled: dict[str, tuple[Path, float]] = field(default_factory=dict)  # (filler, free at)
 
     def __post_init__(self) -> None:
         self.rng = random.Random(self.opts.seed)
@@ -83,6 +87,24 @@ class Soak:
         self.rounds = Rounds(self.out / "metrics.jsonl")
         self.queue: list[str] = []
         self.started = time.monotonic()
+        self.kinds, self.disks, self.no_disks = self.opts.kinds, list[Path](), ""
+
+    def small_disks(self) -> str:
+        """Each node's state folder and the output folder on a small disk of its own, for
+        the disk faults; "" when they are, else why not (those kinds are then left out)."""
+        if not set(self.kinds) & set(inject.DISK_KINDS):
+            return ""
+        for folder in (self.out, *(self.state / s for s in SOURCES)):
+            why = inject.small_disk(folder, DISK_SIZE)
+            if why:
+                self.kinds = tuple(k for k in self.kinds if k not in inject.DISK_KINDS)
+                return why
+            self.disks.append(folder)
+        return ""
+
+    def release_disks(self) -> None:
+        for folder in self.disks:
+            inject.unmount(folder)
 
     def run_config(self, resume: bool = False) -> str:
         overrides: dict[str, object] = {
@@ -100,6 +122,9 @@ class Soak:
         return run_config(self.out, **overrides, **({"resume": True} if resume else {}))
 
     def start(self) -> None:
+        self.no_disks = self.small_disks()
+        if self.no_disks:
+            log.warning("no disk faults: no small disks here (%s)", self.no_disks)
         self.deployment.start_superlink()
         for source in SOURCES:
             self.nodes[source] = self.deployment.add_node(source, node_config(source, self.state))
@@ -115,6 +140,8 @@ class Soak:
                 raise TimeoutError(f"the soak ran past {self.opts.timeout_s:.0f} s")
             self.rounds.poll()
             self._continue_partitions(now)
+            self._free_disks(now)
+            self._resume_after_a_full_disk()
             self._note_resume()
             for fault in self.injected:
                 self.rounds.settle(fault)
@@ -126,13 +153,32 @@ class Soak:
         for fault in self.injected:
             self.rounds.settle(fault)
 
+    def _output_full(self) -> bool:
+        return any(f.kind == inject.OUTPUT_FULL and f.resumed_after is None for f in self.injected)
+
+    def _free_disks(self, now: float) -> None:
+        """Free each node's state disk whose time full is up."""
+        for source, (filler, until) in list(self.filled.items()):
+            if now >= until:
+                filler.unlink(missing_ok=True)
+                del self.filled[source]
+
+    def _resume_after_a_full_disk(self) -> None:
+        """The server stops when its output disk is full (its rounds trained nothing, or a
+        checkpoint could not be written): free the disk and resume the run."""
+        if not self._output_full() or self.server_run.popen.poll() is None:
+            return
+        (self.out / FILLER).unlink(missing_ok=True)
+        self._resubmit()
+
     def _gap(self) -> float:
         return self.rng.uniform(0.5, 1.5) * self.opts.gap_s
 
     def _finished(self) -> bool:
         """Whether the run has finished; raises if its ``flwr run`` ended any other way (a
-        run this soak killed is resubmitted before this is asked again)."""
-        if self.server_run.popen.poll() is None:
+        run this soak killed, or stopped with a full disk, is resubmitted before this is
+        asked again)."""
+        if self.server_run.popen.poll() is None or self._output_full():
             return False
         if re.search(SERVER_DONE, self.server_run.text()) is None:
             raise RuntimeError(f"the run ended unfinished:\n{self.server_run.text()[-3000:]}")
@@ -174,7 +220,8 @@ class Soak:
             return "server" if ok else None
         if done < 0 or done >= last - 2 or (kind == inject.PARTITION and self.paused):
             return None
-        free = [s for s in SOURCES if not self._pending(s) and s not in self.paused]
+        away = self.paused.keys() | self.filled.keys()
+        free = [s for s in SOURCES if not self._pending(s) and s not in away]
         if kind == inject.WORKER:
             free = [s for s in free if self._workers(s)]
         if kind == inject.CLIENT_STATE:
@@ -183,10 +230,17 @@ class Soak:
 
     def _do(self, kind: str, target: str) -> str:
         """Inject ``kind`` into ``target``; what was hit, for the record."""
+        if kind == inject.OUTPUT_FULL:
+            filler = inject.fill(self.out)
+            return f"{filler.stat().st_size >> 10} KiB filled the output folder's disk"
         if kind in inject.SERVER_KINDS:
             detail = self._corrupt_checkpoint() if kind == inject.CHECKPOINT else ""
             return detail + self._kill_server()
         node = self.nodes[target]
+        if kind == inject.STATE_FULL:
+            filler = inject.fill(self.state / target)
+            self.filled[target] = (filler, time.monotonic() + self.opts.full_s)
+            return f"state disk full for {self.opts.full_s:.0f} s"
         if kind == inject.SUPERNODE:
             node.supernode.kill()
             self.deployment.restart_supernode(node)
@@ -238,9 +292,13 @@ class Soak:
         apps = [p.pid for p in inject.find(self._server_group(), "flwr-serverapp")]
         inject.kill(apps)
         self.server_run.kill()  # the CLI streaming the dead run's log
+        self._resubmit()
+        return f"serverapp {apps} killed, resumed"
+
+    def _resubmit(self) -> None:
+        """Submit the run again with ``resume``."""
         attempt = sum(p.name.startswith("flwr-run") for p in self.deployment.processes)
         self.server_run = self.deployment.run(self.run_config(resume=True), f"flwr-run-{attempt}")
-        return f"serverapp {apps} killed, resumed"
 
     def _note_resume(self) -> None:
         """Which checkpoint the resumed server took, once its log says."""
@@ -256,12 +314,24 @@ class Soak:
                 os.killpg(self.nodes[source].supernode.popen.pid, signal.SIGCONT)
                 del self.paused[source]
 
+    def copy_off_disks(self) -> None:
+        """The run's files onto the work folder's own disk, the small disks let go."""
+        for folder in self.disks:
+            kept = folder.with_name(f".{folder.name}-kept")
+            shutil.copytree(folder, kept, symlinks=True, ignore=shutil.ignore_patterns(FILLER))
+            inject.unmount(folder)
+            shutil.rmtree(folder, ignore_errors=True)
+            kept.rename(folder)
+        self.disks = []
+
     def rows(self) -> list[dict[str, Any]]:
         return [f.as_row(self.started) for f in self.injected]
 
     def resume_partitions(self) -> None:
-        """SIGCONT every paused SuperNode (at the end, also of a failed soak)."""
+        """SIGCONT every paused SuperNode and free every full disk (at the end, also of a
+        failed soak)."""
         self._continue_partitions(float("inf"))
+        self._free_disks(float("inf"))
 
 
 def run_soak(opts: Options) -> dict[str, Any]:
@@ -274,11 +344,16 @@ def run_soak(opts: Options) -> dict[str, Any]:
     try:
         soak.start()
         soak.soak()
-    finally:
+    except BaseException:
         soak.resume_partitions()
-        groups = [p.popen.pid for p in deployment.processes]
         deployment.close(GRACE_S)
+        soak.release_disks()
+        raise
+    soak.resume_partitions()
+    groups = [p.popen.pid for p in deployment.processes]
+    deployment.close(GRACE_S)
     left = checks.leftovers(opts.work, groups)
+    soak.copy_off_disks()
     wall_s = time.monotonic() - soak.started
     absent = absences(soak.out, SOURCES)
     twin = run_reference(soak.out, opts.work / "twin", SOURCES, absent=absent)
@@ -309,6 +384,8 @@ def run_soak(opts: Options) -> dict[str, Any]:
             "result": off,
             "leftovers": left,
         },
+        "kinds": list(soak.kinds),
+        **({"disks": soak.no_disks} if soak.no_disks else {}),
     }
 
 
@@ -322,6 +399,7 @@ def arguments() -> argparse.ArgumentParser:
     parser.add_argument("--local-steps", type=int, default=4)
     parser.add_argument("--gap-s", type=float, default=6.0, help="mean time between faults")
     parser.add_argument("--partition-s", type=float, default=PARTITION_S)
+    parser.add_argument("--full-s", type=float, default=20.0, help="a node's disk full this long")
     parser.add_argument("--kinds", default=",".join(inject.KINDS), help="comma-separated")
     parser.add_argument("--timeout-s", type=float, default=1800.0)
     parser.add_argument(
@@ -353,6 +431,7 @@ def main(argv: list[str] | None = None) -> int:
         "partition_s",
         "timeout_s",
         "reference_seeds",
+        "full_s",
     )
     opts = Options(kinds=kinds, **{k: getattr(args, k) for k in named})
     result = run_soak(opts)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,9 +22,12 @@ SERVER = "server-kill"
 PARTITION = "partition"
 CLIENT_STATE = "client-state-corrupt"
 CHECKPOINT = "checkpoint-corrupt"
-NODE_KINDS = (SUPERNODE, EXECUTOR, WORKER, PARTITION, CLIENT_STATE)
-SERVER_KINDS = (SERVER, CHECKPOINT)
+STATE_FULL = "state-disk-full"  # a node's state folder fills up, then is freed
+OUTPUT_FULL = "output-disk-full"  # the server's output folder fills up: the run stops
+NODE_KINDS = (SUPERNODE, EXECUTOR, WORKER, PARTITION, CLIENT_STATE, STATE_FULL)
+SERVER_KINDS = (SERVER, CHECKPOINT, OUTPUT_FULL)
 KINDS = (*NODE_KINDS, *SERVER_KINDS)
+DISK_KINDS = (STATE_FULL, OUTPUT_FULL)  # they need the folders on small disks (a tmpfs: root)
 # Faults that exact resume covers: the run ends with the fault-free run's numbers.
 EXACT_KINDS = frozenset(SERVER_KINDS)
 CORRUPT_BYTES = 64  # overwritten in the middle of a file: its size and header stay intact
@@ -84,3 +88,36 @@ def corrupt(path: Path, seed: int) -> None:
         handle.seek(start)
         # XOR with noise that has no zero byte: every byte changes
         handle.write(bytes(a ^ (b | 1) for a, b in zip(old, noise, strict=False)))
+
+
+def small_disk(folder: Path, size: str) -> str:
+    """Mount a fresh tmpfs of ``size`` at ``folder`` (a disk the soak can fill); "" once
+    mounted, else why not (this process may not mount: it needs root)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(folder)],
+        capture_output=True,
+        text=True,
+    )
+    return done.stderr.strip() or f"mount exited {done.returncode}" if done.returncode else ""
+
+
+def unmount(folder: Path) -> None:
+    subprocess.run(["umount", "-l", str(folder)], capture_output=True)
+
+
+def fill(folder: Path) -> Path:
+    """Fill the disk of ``folder`` with one file there; the file (delete it to free)."""
+    filler = folder / ".filler"
+    with filler.open("ab") as f:
+        while True:
+            stats = os.statvfs(folder)
+            free = stats.f_bavail * stats.f_frsize
+            if free <= 0:
+                break
+            try:
+                f.write(bytes(min(free, 1 << 20)))
+                f.flush()
+            except OSError:
+                break
+    return filler

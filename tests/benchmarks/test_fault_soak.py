@@ -189,7 +189,8 @@ def test_a_short_soak_of_ten_faults_loses_nothing(tmp_path: Path) -> None:
 
     print(soak_report.render(result), f"\n{time.monotonic() - started:.0f} s in all")
     assert len(result["faults"]) >= 10
-    assert set(result["by_kind"]) == set(inject.KINDS), "every kind was injected"
+    assert set(result["by_kind"]) == set(result["kinds"]), "every kind was injected"
+    assert set(result["kinds"]) == set(inject.KINDS) or "disks" in result, "or it says why not"
     assert not any(result["checks"].values()), result["checks"]
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from flwr.app import Message, MessageType
 
+from benchmarks.soak.faults import fill
 from client_app.app import app as client_app
 from dept.state.jsonl import read_lines
 from dept.wire import keys
@@ -18,7 +19,7 @@ from server_app.federation import run_federation
 from server_app.local_grid import LocalGrid
 from server_app.no_progress import NothingTrained
 from server_app.run_status import read_status
-from tests.helpers import debug_run_config, fill_disk, share_cache, small_disk, synthetic_sources
+from tests.helpers import debug_run_config, share_cache, small_disk, synthetic_sources
 
 NODES = [{"partition-id": i, "num-partitions": 2} for i in range(2)]
 
@@ -36,7 +37,7 @@ class FillingGrid(LocalGrid):
             config = msg.content.config_records.get(keys.CONFIG)
             round_ = config.get(keys.SERVER_ROUND) if config else None
             if msg.metadata.message_type == MessageType.TRAIN and round_ == self.at:
-                self.filler = self.filler or fill_disk(self.folder)
+                self.filler = self.filler or fill(self.folder)
         return super().push_messages(messages)
 
 
