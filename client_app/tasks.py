@@ -116,8 +116,11 @@ def _query(task: Task) -> RecordDict:
     return RecordDict({keys.INFO: ConfigRecord({keys.SOURCES: [s.name for s in served]})})
 
 
-def _last_trained(config: ConfigRecord) -> int:
-    return int(config.get(keys.LAST_TRAINED, -1))  # type: ignore[arg-type]
+def _last_trained(config: ConfigRecord) -> int | None:
+    """The last round the server took this source's update from (-1: none; None: the
+    message does not say)."""
+    last = config.get(keys.LAST_TRAINED)
+    return None if last is None else int(last)  # type: ignore[arg-type]
 
 
 def _info(client: SourceClient, state_event: str) -> ConfigRecord:

@@ -86,7 +86,7 @@ class RankJob:
     global_step: int
     server_round: int
     attempt: dict[str, Any]
-    last_trained: int
+    last_trained: int | None
     announce: bool
 
     def source(self) -> SourceSpec:
@@ -147,7 +147,7 @@ def round_job(
     global_step: int,
     server_round: int,
     attempt: Attempt | None,
-    last_trained: int,
+    last_trained: int | None,
     announce: bool,
 ) -> RankJob:
     """The job of one round for ``spec``'s ranks (the round's arguments: ``train_round``'s)."""

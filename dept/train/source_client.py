@@ -172,10 +172,21 @@ class SourceClient:
         return model
 
     def state(
-        self, before_round: int, attempt: Attempt | None = None, consume: bool = False
+        self,
+        before_round: int,
+        attempt: Attempt | None = None,
+        consume: bool = False,
+        last_trained: int | None = None,
     ) -> FoundState:
         """The source's newest usable state before ``before_round``, of the tokenizer in use
-        (another is an error, not damage); ``consume``: training changes its tensors in place."""
+        (another is an error, not damage); ``consume``: training changes its tensors in place.
+
+        With ``last_trained`` (the last round the server took this source's update from, -1
+        for none), no state after that round: a round the node trained but the server never
+        took (its reply lost, late or refused) is passed over, so the source goes on from
+        where the server's view of it stands, as a run without that round would."""
+        if last_trained is not None:
+            before_round = min(before_round, last_trained + 1)
         found = self.ws.load_state(before_round, attempt, required_state_files(self.cfg), consume)
         if found.state is not None and found.state.tokenizer != self.tokenizer_digest:
             raise ValueError(
@@ -185,12 +196,13 @@ class SourceClient:
             )
         return found
 
-    def state_event(self, found: FoundState, server_round: int, last_trained: int) -> str:
+    def state_event(self, found: FoundState, server_round: int, last_trained: int | None) -> str:
         """What to report of the state used in ``server_round`` ("" when it is the one the
         server expects: that of ``last_trained``, the source's last trained round, -1 for
         none). A lost or damaged state is never silent: the source starts fresh, or from an
         older round, and says so."""
         state, why = found.state, "; ".join(found.unusable)
+        last_trained = -1 if last_trained is None else last_trained
         what = "embeddings" if self.variant.keeps_state else "optimizer state and position"
         if state is None and (last_trained >= 0 or why):
             event = f"fresh {what} in round {server_round}: state lost ({why or 'no saved state'})"
@@ -221,13 +233,14 @@ class SourceClient:
         global_step: int,
         server_round: int,
         attempt: Attempt | None = None,
-        last_trained: int = -1,
+        last_trained: int | None = None,
         announce: bool = True,
         ranks: OneProcess | None = None,
         fragments: FragmentPlan | None = None,
     ) -> RoundResult:
         """Train round ``server_round`` from θ in ``arrays``; ``last_trained`` is the round
-        the server last took an update of this source from (-1: none). With ``fragments``
+        the server last took an update of this source from (-1: none; None: not known, the
+        newest state is taken). With ``fragments``
         (partial synchronisation) ``arrays`` may hold only some of θ: the rest comes from
         the node's own body, and only the synced fragments' Δ goes up. A source with
         ``nproc`` > 1 trains on that many processes, each of which calls this with its
@@ -243,7 +256,8 @@ class SourceClient:
             )
             return self._with_drift(result, arrays, server_round, attempt) if drift else result
         ranks = ranks or OneProcess()
-        found = self.state(server_round, attempt, consume=True)  # AdamW's moments change
+        # AdamW's moments change in place (consume)
+        found = self.state(server_round, attempt, consume=True, last_trained=last_trained)
         event = self.state_event(found, server_round, last_trained)
         state = found.state
         check_same_device(self.cfg, self.spec.name, state, self.device.type)
@@ -371,7 +385,7 @@ class SourceClient:
         global_step: int,
         server_round: int,
         attempt: Attempt | None,
-        last_trained: int,
+        last_trained: int | None,
         announce: bool,
     ) -> RoundResult:
         """:meth:`train_round` on ``nproc`` processes, launched from here."""
@@ -439,11 +453,11 @@ class SourceClient:
         arrays: dict[str, torch.Tensor],
         server_round: int,
         attempt: Attempt | None = None,
-        last_trained: int = -1,
+        last_trained: int | None = None,
         announce: bool = True,
     ) -> tuple[EvalResult, str]:
         """Score the validation text with θ and the state as of the end of ``server_round``;
         also what to report of that state (:meth:`state_event`)."""
-        found = self.state(server_round + 1, attempt)
+        found = self.state(server_round + 1, attempt, last_trained=last_trained)
         event = self.state_event(found, server_round, last_trained)
         return self._score(self.model(arrays, found.state, announce)), event
