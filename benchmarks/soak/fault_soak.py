@@ -37,7 +37,7 @@ from typing import Any
 from benchmarks.measure import RESULTS
 from benchmarks.soak import checks
 from benchmarks.soak import faults as inject
-from benchmarks.soak.reference import absences, run_reference
+from benchmarks.soak.reference import absences, fallbacks, run_reference
 from benchmarks.soak.report import by_kind, render, write
 from benchmarks.soak.watch import Fault, Rounds
 from server_app.checkpoint import CHECKPOINTS, TENSORS_FILE
@@ -355,8 +355,8 @@ def run_soak(opts: Options) -> dict[str, Any]:
     left = checks.leftovers(opts.work, groups)
     soak.copy_off_disks()
     wall_s = time.monotonic() - soak.started
-    absent = absences(soak.out, SOURCES)
-    twin = run_reference(soak.out, opts.work / "twin", SOURCES, absent=absent)
+    absent, fallback = absences(soak.out, SOURCES), fallbacks(soak.out)
+    twin = run_reference(soak.out, opts.work / "twin", SOURCES, absent=absent, fallback=fallback)
     seeds = [
         run_reference(soak.out, opts.work / f"reference-{seed}", SOURCES, seed=seed)
         for seed in range(opts.reference_seeds)
@@ -364,7 +364,7 @@ def run_soak(opts: Options) -> dict[str, Any]:
     tolerance = checks.spread(seeds) if len(seeds) > 1 else checks.SPREAD_TOLERANCE
     exact = {f.kind for f in soak.injected} <= inject.EXACT_KINDS
     figures, off = checks.compare(soak.out, twin, exact, tolerance)
-    figures["absent"] = absent
+    figures["absent"], figures["fallback"] = absent, fallback
     figures["reference_seeds"] = {
         str(seed): checks.average(checks.final_bpb(run).values()) for seed, run in enumerate(seeds)
     }

@@ -264,4 +264,25 @@ def test_the_twin_is_absent_where_the_soak_took_nothing_from_a_source(tmp_path: 
     (run / "metrics.jsonl").write_text(json.dumps({"round": 0, "sources": {}}) + "\n" + text)
     # Execute, Assert
     assert soak_reference.absences(run, ("a", "b")) == {1: [], 2: ["a"], 3: ["a"]}
+    assert soak_reference.fallbacks(run) == {}
     assert soak_checks.trained_rounds(run) == {"a": 1, "b": 3}
+
+
+def test_the_twin_falls_back_where_a_node_said_it_did(tmp_path: Path) -> None:
+    events = {
+        3: [{"source": "a", "event": "embeddings from the state of round 1 in round 3, not "
+             "round 2's (round 2: SafetensorError: ...)"}],
+        4: [{"source": "b", "event": "fresh embeddings in round 4: state lost (no saved state)"},
+            {"source": "a", "event": "embeddings from the state of round 1 in round 3, not "
+             "round 2's (an evaluation reports it too)"}],
+    }  # fmt: skip
+    run = tmp_path / "run"
+    run.mkdir()
+    lines = [{"round": r, "sources": {}, "state_events": events.get(r, [])} for r in range(5)]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    assert soak_reference.fallbacks(run) == {3: {"a": 1}, 4: {"b": -1}}
+    state = tmp_path / "state" / "a"
+    for n in (1, 2, 3):
+        (state / "runs" / "r1" / "a" / f"round-{n:04d}").mkdir(parents=True)
+    soak_reference.forget_states_after(state, 1)
+    assert [p.name for p in (state / "runs" / "r1" / "a").iterdir()] == ["round-0001"]
