@@ -28,8 +28,6 @@ NODE_KINDS = (SUPERNODE, EXECUTOR, WORKER, PARTITION, CLIENT_STATE, STATE_FULL)
 SERVER_KINDS = (SERVER, CHECKPOINT, OUTPUT_FULL)
 KINDS = (*NODE_KINDS, *SERVER_KINDS)
 DISK_KINDS = (STATE_FULL, OUTPUT_FULL)  # they need the folders on small disks (a tmpfs: root)
-# Faults that exact resume covers: the run ends with the fault-free run's numbers.
-EXACT_KINDS = frozenset(SERVER_KINDS)
 CORRUPT_BYTES = 64  # overwritten in the middle of a file: its size and header stay intact
 
 

@@ -1,0 +1,88 @@
+"""The soak's check sees what a fault can silently cost: a run that lost its source's AdamW
+moments, or skipped a stretch of its data, does not equal its twin, while an honest run
+does, every time (in process, the soak's config)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from benchmarks.soak import checks
+from benchmarks.soak.reference import node_configs
+from client_app.app import app as client_app
+from dept.state.workspace import FoundState
+from dept.train import source_client
+from server_app.federation import run_federation
+from server_app.local_grid import LocalGrid
+from tests.helpers import share_cache
+
+SOURCES = ("latin", "greek")
+CONFIG = {  # tests/deploy/loopback.run_config's, as the soak trains
+    "model": "debug",
+    "seq-len": 32,
+    "batch-size": 4,
+    "local-steps": 4,
+    "warmup-steps": 1,
+    "eval-bytes": 2048,
+    "num-server-rounds": 4,
+    "fraction-evaluate": 0.0,
+    "wait-for-nodes-s": 10.0,
+    "round-timeout-s": 30.0,
+}
+
+
+def _run(folder: Path, cache: Path) -> Path:
+    config = {**CONFIG, "output-dir": str(folder / "run")}
+    nodes = node_configs(SOURCES, folder / "state")
+    for node in nodes:
+        share_cache(Path(node["state-dir"]), cache)
+    run_federation(LocalGrid(client_app, nodes, config), config)
+    return folder / "run"
+
+
+@pytest.fixture(scope="module")
+def twin(tmp_path_factory: pytest.TempPathFactory, node_cache: Path) -> Path:
+    return _run(tmp_path_factory.mktemp("twin"), node_cache)
+
+
+def _drop_moments(found: FoundState) -> None:
+    assert found.state is not None
+    found.state.optimizer = None
+
+
+def _skip_data(found: FoundState) -> None:
+    assert found.state is not None
+    found.state.position.offset += 64 * CONFIG["batch-size"]
+
+
+@pytest.mark.parametrize(
+    ("loss", "caught"), [(None, False), (_drop_moments, True), (_skip_data, True)]
+)
+def test_a_loss_no_record_explains_breaks_the_check_and_an_honest_run_does_not(
+    tmp_path: Path,
+    node_cache: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    twin: Path,
+    loss: Callable[[FoundState], None] | None,
+    caught: bool,
+) -> None:
+    # Prepare: latin's node, restarted before round 3, goes on without what ``loss`` takes
+    if loss is not None:
+        found_state = source_client.SourceClient.state
+
+        def lossy(self, before_round, attempt=None, consume=False, last_trained=None):
+            found = found_state(self, before_round, attempt, consume, last_trained)
+            if self.spec.name == "latin" and before_round == 3 and consume:
+                loss(found)
+            return found
+
+        monkeypatch.setattr(source_client.SourceClient, "state", lossy)
+    # Execute
+    run = _run(tmp_path, node_cache)
+    figures, broken = checks.compare(run, twin)
+    # Assert
+    assert bool(broken) is caught, (figures, broken)
+    if caught:  # and how little it moves the figure a tolerance would have judged
+        assert abs(figures["relative_bpb_gap"]) < 0.01
