@@ -35,11 +35,12 @@ def render(result: dict[str, Any]) -> str:
         lines.append("| " + " | ".join("–" if c is None else str(c) for c in cells) + " |")
     final = result["final"]
     lines.append(
-        f"final avg bpb {final['avg_val_bpb']:.4f}, fault-free {final['reference_avg_val_bpb']:.4f}"
-        f", fault-free after as many rounds {final['expected_avg_val_bpb']:.4f}"
-        f" ({final['relative_bpb_gap']:+.3%}); body rel. L2 {final['body_relative_l2']:.2e}; "
+        f"final avg bpb {final['avg_val_bpb']:.4f}, its twin's {final['twin_avg_val_bpb']:.4f} "
+        f"({final['relative_bpb_gap']:+.4%}); body rel. L2 {final['body_relative_l2']:.2e}; "
         f"{len(result['faults'])} faults in {result['wall_s']:.0f} s"
     )
+    if "reference_spread" in final:
+        lines.append(f"the fault-free run's spread over seeds: {final['reference_spread']:.2%}")
     broken = {k: v for k, v in result["checks"].items() if v}
     lines.append("checks: all hold" if not broken else f"checks FAILED: {json.dumps(broken)}")
     return "\n".join(lines)
