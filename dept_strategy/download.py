@@ -23,7 +23,7 @@ from dept.wire import keys
 from dept.wire.download import body_digest, encode_change
 
 
-class DownloadBook:
+class DownloadCodec:
     """θ̂ and its holders; :meth:`prepare` makes a round's θ̂' (and its change), which
     :meth:`round_done` turns into the θ̂ of the next round."""
 

@@ -8,7 +8,7 @@ holds more than the server knows (its reply was refused after it trained) keeps 
 where the versions match, so sending too much is harmless; one that holds less fails its
 round (:func:`dept.wire.fragments.start_body`) and gets the whole body next time.
 
-The upload carries Δ of the round's synced fragments only (:meth:`FragmentBook.round_names`),
+The upload carries Δ of the round's synced fragments only (:meth:`FragmentVersions.round_names`),
 plus φ where the variant shares it, which is never fragmented.
 """
 
@@ -22,7 +22,7 @@ from dept.wire import keys
 from dept.wire.fragments import FragmentPlan, partition, synced_spans, syncing
 
 
-class FragmentBook:
+class FragmentVersions:
     """Versions of the ``count`` fragments of ``body`` (tensor names) and what each source
     holds; a fragment syncs every ``period`` rounds, and all of them in ``last_round``."""
 

@@ -2,11 +2,11 @@
 whether it may be used; every reply that does not count is logged and recorded with its
 reason, so a round never loses one silently.
 
-Training replies are decoded here (:meth:`ReplyDesk.decode_train`), spooled for the round
+Training replies are decoded here (:meth:`Replies.decode_train`), spooled for the round
 (:mod:`dept_strategy.spool`) and folded into its running mean (:mod:`dept_strategy.aggregate`)
-straight from the message, those too large clipped or dropped (:meth:`ReplyDesk.screened`)
-and the rest credited (:meth:`ReplyDesk.credit`); evaluation replies are range-checked
-(:meth:`ReplyDesk.check_eval`).
+straight from the message, those too large clipped or dropped (:meth:`Replies.screened`)
+and the rest credited (:meth:`Replies.credit`); evaluation replies are range-checked
+(:meth:`Replies.check_eval`).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from dept.wire.compression import TOPK_DENSITY
 from dept_strategy.aggregate import RunningMean
 from dept_strategy.history import RunHistory
 from dept_strategy.inflight import InFlight, Target
-from dept_strategy.screening import Flagged, SizeTally
+from dept_strategy.screening import Flagged, UpdateSizes
 from dept_strategy.spool import RoundSpool, Spooled
 from dept_strategy.validation import (
     RejectedReply,
@@ -39,7 +39,7 @@ ExpectedShapes = Callable[[str], tuple[dict[str, tuple[int, ...]], ReplyRows | N
 
 
 @dataclass(frozen=True)
-class Intake:
+class ReplyRules:
     """Where a round's training replies go once checked, and what each must be: the shapes
     and φ rows a source was sent (``expected``), the most tokens a round can train, the
     compression, the φ tensor names (sized apart), the spool, the running mean (None
@@ -53,12 +53,12 @@ class Intake:
     spool: RoundSpool
     running: RunningMean | None
     density: float = TOPK_DENSITY
-    units: dict[str, float] = field(default_factory=dict)  # SizeTally's, the same for all
+    units: dict[str, float] = field(default_factory=dict)  # UpdateSizes's, the same for all
     row_weight: str = "tokens"  # (embedding-row-weight): a sent φ row's weight in its average
 
 
 @dataclass
-class Arrival:
+class Update:
     """A decoded training reply waiting for the round's screening."""
 
     target: Target
@@ -67,7 +67,7 @@ class Arrival:
     bytes_up: int
 
 
-class ReplyDesk:
+class Replies:
     """Credits, checks and records the replies of one exchange (a round's train or evaluate);
     what does not count goes into the run's history (:class:`RunHistory`) with its reason."""
 
@@ -108,52 +108,52 @@ class ReplyDesk:
             self.history.state_event(self.round, target.node, event, target.source)
 
     def screened(
-        self, arrivals: list[Arrival], flagged: dict[int, Flagged], action: str
-    ) -> list[Arrival]:
-        """The arrivals to combine: those not ``flagged`` as they are, the flagged ones
+        self, updates: list[Update], flagged: dict[int, Flagged], action: str
+    ) -> list[Update]:
+        """The updates to combine: those not ``flagged`` as they are, the flagged ones
         (:func:`dept_strategy.screening.screen`) clipped to the round's median or, with
         ``action`` "reject", dropped; each flagged one recorded."""
         kept = []
-        for index, arrival in enumerate(arrivals):
+        for index, update in enumerate(updates):
             flag = flagged.get(index)
             if flag is None:
-                kept.append(arrival)
+                kept.append(update)
             elif action == "reject":
-                self.rejected(arrival.target, flag.why)
+                self.rejected(update.target, flag.why)
             else:
                 why = f"{flag.why}; scaled by {flag.shrink:.3g}"
-                self.history.clipped(self.round, arrival.target.node, why, arrival.target.source)
-                stats = arrival.spooled.stats.scaled(flag.shrink)
-                scale = arrival.spooled.scale * flag.shrink  # clipped for size, then direction
-                spooled = replace(arrival.spooled, scale=scale, stats=stats)
-                kept.append(replace(arrival, spooled=spooled))
+                self.history.clipped(self.round, update.target.node, why, update.target.source)
+                stats = update.spooled.stats.scaled(flag.shrink)
+                scale = update.spooled.scale * flag.shrink  # clipped for size, then direction
+                spooled = replace(update.spooled, scale=scale, stats=stats)
+                kept.append(replace(update, spooled=spooled))
         return kept
 
-    def credit(self, accepted: list[Arrival]) -> MetricRecord:
+    def credit(self, accepted: list[Update]) -> MetricRecord:
         """Record the accepted replies (their tokens count); the round's train metrics."""
-        weight = sum(a.spooled.weight for a in accepted)
+        weight = sum(u.spooled.weight for u in accepted)
         loss = 0.0
-        for arrival in accepted:
-            stats = arrival.spooled.stats
-            metrics = {**arrival.metrics, "update_rms": stats.body_rms, "update_max": stats.max_abs}
-            self.history.record_train(self.round, arrival.target.source, metrics, arrival.bytes_up)
-            loss += arrival.spooled.weight * arrival.metrics.get(keys.TRAIN_LOSS, math.nan)
+        for update in accepted:
+            stats = update.spooled.stats
+            metrics = {**update.metrics, "update_rms": stats.body_rms, "update_max": stats.max_abs}
+            self.history.record_train(self.round, update.target.source, metrics, update.bytes_up)
+            loss += update.spooled.weight * update.metrics.get(keys.TRAIN_LOSS, math.nan)
         return MetricRecord({keys.TRAIN_LOSS: loss / weight, keys.NUM_EXAMPLES: weight})
 
-    def take_train(self, replies: Iterable[Message], intake: Intake) -> list[Arrival]:
+    def take_train(self, replies: Iterable[Message], rules: ReplyRules) -> list[Update]:
         """The round's training replies that decode, each taken in (:meth:`decode_train`)
         and let go before the next is pulled from ``replies`` (which may be a stream), so
         the server holds one at a time."""
-        arrivals = []
+        updates = []
         for reply in replies:
             target = self.claim(reply)
-            arrival = self.decode_train(reply, target, intake) if target is not None else None
+            update = self.decode_train(reply, target, rules) if target is not None else None
             del reply  # the loop would hold it while the next one is pulled
-            if arrival is not None:
-                arrivals.append(arrival)
-        return arrivals
+            if update is not None:
+                updates.append(update)
+        return updates
 
-    def decode_train(self, reply: Message, target: Target, intake: Intake) -> Arrival | None:
+    def decode_train(self, reply: Message, target: Target, rules: ReplyRules) -> Update | None:
         """The reply's Δ checked, decoded, spooled and offered to the running mean, read
         twice from the message's own bytes (first to check, size and spool it, then, once
         it is known to be whole, to fold it in if its turn has come); None (recorded) when
@@ -161,27 +161,29 @@ class ReplyDesk:
         arrays = record_of(reply.content, keys.ARRAYS, ArrayRecord)
         bytes_up = arrays.count_bytes() if arrays is not None else 0
         self.history.record_bytes_up(self.round, bytes_up)
-        tally = SizeTally(intake.embedding_names, intake.units)
+        tally = UpdateSizes(rules.embedding_names, rules.units)
         try:
             check_source(reply.content, target)
-            shapes, rows = intake.expected(target.source)
-            update = check_train_reply(
-                reply.content, shapes, intake.max_weight, rows, intake.compression, intake.density
+            shapes, rows = rules.expected(target.source)
+            checked = check_train_reply(
+                reply.content, shapes, rules.max_weight, rows, rules.compression, rules.density
             )
-            path, layout = intake.spool.write(tally.observe(update.tensors()))
+            path, layout = rules.spool.write(tally.observe(checked.tensors()))
         except RejectedReply as exc:
             self.rejected(target, str(exc))
             return None
         except OSError as exc:  # a full disk costs this reply, not the round
-            full = f"; {disk_note(intake.spool.folder)}" if no_space(exc) else ""
+            full = f"; {disk_note(rules.spool.folder)}" if no_space(exc) else ""
             self.rejected(target, f"the server could not keep it on disk ({exc}{full})")
             return None
-        by_count = intake.row_weight == "occurrences"
-        row_weights = update.counts if by_count else None
-        spooled = Spooled(path, update.weight, update.rows, tally.stats(), layout, 1.0, row_weights)
-        if intake.running is not None:
-            intake.running.offer(target.source, spooled, update.tensors())
-        return Arrival(target, spooled, update.metrics, bytes_up)
+        by_count = rules.row_weight == "occurrences"
+        row_weights = checked.counts if by_count else None
+        spooled = Spooled(
+            path, checked.weight, checked.rows, tally.stats(), layout, 1.0, row_weights
+        )
+        if rules.running is not None:
+            rules.running.offer(target.source, spooled, checked.tensors())
+        return Update(target, spooled, checked.metrics, bytes_up)
 
     def check_eval(self, reply: Message, target: Target) -> dict[str, float] | None:
         """The reply's evaluation metrics, range-checked; None (recorded) when refused."""

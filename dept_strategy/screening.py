@@ -100,7 +100,7 @@ class UpdateStats:
         return UpdateStats(**{k: v * factor for k, v in asdict(self).items()})
 
 
-class SizeTally:
+class UpdateSizes:
     """The sums behind :class:`UpdateStats`, fed one tensor at a time as a reply is read, so
     no whole reply is needed at once; in float64, so 3e38 does not overflow them. ``units``:
     a tensor's values are divided by this (a fragment's rounds of training, as reach), one

@@ -1,14 +1,11 @@
-"""The DEPT strategy: what each sampled source receives, and how the replies are aggregated.
+"""The DEPT strategy: which sources a round samples, what each receives, and what becomes of
+their replies.
 
-Round t: sample sources (found through :mod:`dept_strategy.discovery`), send each source's
-node the shared tensors with the round's global step, receive pseudo-gradients
-Δ_k = shared_{t-1} − shared_k weighted by tokens trained, check and decode each one
-(as ``compression`` says, :mod:`dept.wire.compression`) in place, spool it and fold it into
-the round's running mean as it comes (:mod:`dept_strategy.spool`,
-:mod:`dept_strategy.aggregate`), so the server holds one reply at a time; refuse the ones
-too large to be honest (:mod:`dept_strategy.screening`), combine the rest (weighted mean, or
-a robust rule), and take the outer optimizer step. Only accepted replies are credited with
-their tokens.
+Round t: sample sources (found through :mod:`dept_strategy.discovery`) and send each
+source's node the shared tensors with the round's global step (:meth:`configure_train`);
+then combine their pseudo-gradients Δ_k = shared_{t-1} − shared_k into the outer step, the
+pipeline of :mod:`dept_strategy.training_round` (:meth:`aggregate_train`), and credit the
+replies that counted. Evaluation is sent and recorded per source the same way.
 
 What is shared is the variant's (:mod:`dept.model.variants`): θ, and ψ where the model learns
 positions and the variant shares them, are whole tensors to the strategy; the global φ
@@ -21,11 +18,14 @@ below; what happened is in :attr:`DeptStrategy.history`, which only the strategy
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import random
+import tempfile
 import uuid
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -44,22 +44,22 @@ from flwr.serverapp.strategy import Strategy
 from dept.wire import keys
 from dept_strategy import discovery
 from dept_strategy.discovery import SourceDirectory
-from dept_strategy.download import DownloadBook
-from dept_strategy.fragments import FragmentBook
+from dept_strategy.download import DownloadCodec
+from dept_strategy.fragments import FragmentVersions
 from dept_strategy.history import RunHistory
 from dept_strategy.inflight import InFlight, Target
 from dept_strategy.outer import OuterOptimizer
-from dept_strategy.replies import ReplyDesk
-from dept_strategy.round_combining import RoundCombining
+from dept_strategy.replies import Replies
 from dept_strategy.screening import UpdateStats, median_stats
 from dept_strategy.settings import StrategySettings
+from dept_strategy.training_round import Round, largest_weight, train_round
 from dept_strategy.validation import ReplyRows
 from dept_strategy.vocabularies import SourceVocabularies
 
 log = logging.getLogger(__name__)
 
 
-class DeptStrategy(RoundCombining, Strategy):
+class DeptStrategy(Strategy):
     """Samples sources, aggregates body pseudo-gradients, keeps per-source metrics.
 
     ``outer``: the server's tensors and their optimizer; ``settings``: everything else the
@@ -94,7 +94,7 @@ class DeptStrategy(RoundCombining, Strategy):
             sum(int(np.prod(self.shapes[n])) for n in body), settings.local_steps
         )
         self.fragments = (
-            FragmentBook(
+            FragmentVersions(
                 body,
                 count=settings.fragments,
                 period=settings.fragment_period,
@@ -104,7 +104,7 @@ class DeptStrategy(RoundCombining, Strategy):
             else None
         )
         kind = settings.download_compression
-        self.download = DownloadBook(kind, body) if kind != "none" else None
+        self.download = DownloadCodec(kind, body) if kind != "none" else None
         self.train_config = ConfigRecord()  # the round's, for a whole body sent mid-round
 
     def _vocabularies(self, timeout_s: float) -> SourceVocabularies | None:
@@ -228,13 +228,13 @@ class DeptStrategy(RoundCombining, Strategy):
         expected = frozenset(self.history.sources())
         return self.directory.wait(grid, 0, self.history, expected)
 
-    def _desk(self, server_round: int) -> ReplyDesk:
-        return ReplyDesk(self.history, self.in_flight, server_round)
+    def _replies(self, server_round: int) -> Replies:
+        return Replies(self.history, self.in_flight, server_round)
 
-    def _close(self, desk: ReplyDesk) -> None:
+    def _close(self, replies: Replies) -> None:
         """The exchange is over: the silent are recorded, the nodes that erred asked again."""
-        desk.missing()
-        for target in desk.erred:
+        replies.missing()
+        for target in replies.erred:
             self.directory.forget(target.node)
             if self.fragments is not None:
                 self.fragments.forget(target.source)
@@ -338,19 +338,58 @@ class DeptStrategy(RoundCombining, Strategy):
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        desk = self._desk(server_round)
+        """The round's replies combined into the outer step (:mod:`.training_round`); what
+        the round took is credited, the nodes that failed are let go."""
+        round_replies = self._replies(server_round)
         versions = list(self.fragments.versions) if self.fragments else []  # what was sent
-        accepted = self._step(server_round, replies, desk)
+        accepted = train_round(self._round(server_round), round_replies, replies)
+        self._close(round_replies)
         if self.download is not None:
-            self.download.round_done(a.target.source for a in accepted or [])
+            self.download.round_done(u.target.source for u in accepted or [])
         if accepted is None:
             return None, None
         if self.fragments is not None:
             self.fragments.stepped(server_round)
-            for arrival in accepted:
-                self.fragments.took(arrival.target.source, versions)
-        self.reference = median_stats([a.spooled.stats for a in accepted]) or self.reference
-        return self.shared_tensors(), desk.credit(accepted)
+            for update in accepted:
+                self.fragments.took(update.target.source, versions)
+        self.reference = median_stats([u.spooled.stats for u in accepted]) or self.reference
+        return self.shared_tensors(), round_replies.credit(accepted)
+
+    def _round(self, server_round: int) -> Round:
+        """What the round is combined from, besides its replies."""
+        max_weight = largest_weight(self.outer) if self.settings.defences.reach else 0.0
+        shapes = self._round_shapes(server_round)
+        return Round(
+            number=server_round,
+            settings=self.settings,
+            outer=self.outer,
+            history=self.history,
+            shapes=shapes,
+            expected=functools.partial(self._expected, shapes),
+            sampled=len(self.in_flight.sources()),
+            spool=self._spool(server_round),
+            units=self._units(server_round, max_weight),
+            reference=self.reference,
+            max_weight=max_weight,
+        )
+
+    def _spool(self, server_round: int) -> Path:
+        if self.spool_dir is None:
+            self.spool_dir = Path(tempfile.mkdtemp(prefix="dept-spool-"))
+        return self.spool_dir / f"round-{server_round:04d}"
+
+    def _units(self, server_round: int, max_weight: float) -> dict[str, float]:
+        """What a synced fragment tensor's Δ may hold, in rounds of training: its span's
+        reach over one round's (:class:`dept_strategy.screening.UpdateSizes`), for those
+        that span more than this round; none without fragments or a finite reach."""
+        reach = self.settings.defences.reach
+        if self.fragments is None or reach is None:
+            return {}
+        one = reach(range(server_round, server_round + 1), max_weight)
+        if not 0 < one < math.inf:
+            return {}
+        spans = self.fragments.spans(server_round)
+        return {n: reach(s, max_weight) / one for n, s in spans.items() if len(s) > 1}
 
     def whole_body(self, reply: Message) -> Message | None:
         """For a train reply that asks for the whole body (its node does not hold the one
@@ -398,15 +437,15 @@ class DeptStrategy(RoundCombining, Strategy):
     def aggregate_evaluate(
         self, server_round: int, replies: Iterable[Message]
     ) -> MetricRecord | None:
-        desk = self._desk(server_round)
+        round_replies = self._replies(server_round)
         for reply in replies:
-            target = desk.claim(reply)
+            target = round_replies.claim(reply)
             if target is None:
                 continue
-            metrics = desk.check_eval(reply, target)
+            metrics = round_replies.check_eval(reply, target)
             if metrics is not None:
                 self.history.record_eval(server_round, target.source, metrics)
-        self._close(desk)
+        self._close(round_replies)
         mean = self.history.mean_val_bpb(server_round)
         return None if math.isnan(mean) else MetricRecord({keys.VAL_BPB: mean})
 

@@ -2,7 +2,7 @@
 
 A reply's pseudo-gradient is decoded here (``compression``), so aggregation only ever sees
 float32 tensors of the shapes that were sent. It is read in place: the arrays are views of
-the bytes the message holds, decoded one tensor at a time (:class:`TrainUpdate`), so the
+the bytes the message holds, decoded one tensor at a time (:class:`CheckedReply`), so the
 server never holds a second, decoded copy of a reply."""
 
 from __future__ import annotations
@@ -76,7 +76,7 @@ class ReplyRows:
 
 
 @dataclass(frozen=True)
-class TrainUpdate:
+class CheckedReply:
     """A reply's pseudo-gradient as it travelled (read-only views of the message's arrays),
     its weight and its finite metrics; :meth:`tensors` decodes it one tensor at a time
     (``density``: top-k's share of values, which fixes how many each tensor must hold).
@@ -110,9 +110,9 @@ def check_train_reply(
     rows: ReplyRows | None = None,
     compression: str = "none",
     density: float = TOPK_DENSITY,
-) -> TrainUpdate:
+) -> CheckedReply:
     """The reply's pseudo-gradient (keyed like what was sent), weight and metrics, or
-    :class:`RejectedReply`; its values are checked as :meth:`TrainUpdate.tensors` decodes
+    :class:`RejectedReply`; its values are checked as :meth:`CheckedReply.tensors` decodes
     them.
 
     The weight is tokens trained, so it cannot exceed what the round's local steps can
@@ -145,7 +145,7 @@ def check_train_reply(
         )
     views = {name: _read(arrays, name) for name in sorted(expected)}
     found = finite_metrics(metrics)
-    return TrainUpdate(views, shapes, compression, weight, found, density, ids, counts)
+    return CheckedReply(views, shapes, compression, weight, found, density, ids, counts)
 
 
 def _row_ids(

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable, Iterator
 from flwr.app import Message
 from flwr.serverapp import Grid
 
-from server_app.nudges import Nudges
+from server_app.nudges import NodesBehind
 
 POLL_S = 1.0
 
@@ -26,7 +26,7 @@ def replies_as_they_arrive(
     messages: Iterable[Message],
     timeout: float,
     poll_s: float = POLL_S,
-    nudges: Nudges | None = None,
+    nudges: NodesBehind | None = None,
     follow_up: Callable[[Message], Message | None] | None = None,
 ) -> Iterator[Message]:
     """Push ``messages`` and yield their replies one by one until all are in or ``timeout``

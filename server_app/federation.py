@@ -49,7 +49,7 @@ from server_app.checkpoint import (
     save_checkpoint,
 )
 from server_app.no_progress import dead_worker, nothing_trained
-from server_app.nudges import Nudges
+from server_app.nudges import NodesBehind
 from server_app.report import RunReport
 from server_app.run_status import ERROR_LOG, write_failed, write_finished
 
@@ -142,7 +142,7 @@ def _rounds(
     started = time.monotonic() - strategy.elapsed_s()  # a resumed run's clock goes on
     # Nothing is held back in the simulation runtime: no nudges (server_app/nudges.py).
     after_s = math.inf if strategy.settings.simulation else nudging.NUDGE_AFTER_S
-    nudges = Nudges(strategy.run_id, strategy.directory.behind, after_s)
+    nudges = NodesBehind(strategy.run_id, strategy.directory.behind, after_s)
     exchanges = _Exchanges(grid, strategy, cfg.round_timeout_s, nudges)
     server_round, tries = done + 1, 0
     while server_round <= cfg.num_server_rounds:
@@ -264,7 +264,7 @@ class _Exchanges:
     grid: Grid
     strategy: DeptStrategy
     timeout_s: float
-    nudges: Nudges
+    nudges: NodesBehind
 
     def train(self, server_round: int) -> ArrayRecord | None:
         """Train one round from the shared tensors as they are, serialised for its messages

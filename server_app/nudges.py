@@ -28,7 +28,7 @@ NUDGE_AFTER_S = 60.0  # the least silence before a node is nudged
 SLOWER_THAN_LAST = 2.0  # ... and it must be this many times the wait for the last reply
 
 
-class Nudges:
+class NodesBehind:
     """Which nodes are behind, and the nudges of one exchange of messages."""
 
     def __init__(self, run_id: str, behind: set[int], after_s: float = NUDGE_AFTER_S) -> None:

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from dept_strategy.aggregate import RunningMean, combine
-from dept_strategy.screening import SizeTally
+from dept_strategy.screening import UpdateSizes
 from dept_strategy.spool import RoundSpool, Spooled
 
 SHAPES = {"w": (3, 2), "b": (4,)}
@@ -21,7 +21,7 @@ def _delta(value: float, shapes: dict = SHAPES) -> dict[str, np.ndarray]:
 def _spool(
     spool: RoundSpool, delta: dict[str, np.ndarray], weight: float, rows: np.ndarray | None = None
 ) -> Spooled:
-    tally = SizeTally(("input",))
+    tally = UpdateSizes(("input",))
     path, layout = spool.write(tally.observe(delta.items()))
     return Spooled(path, weight, rows, tally.stats(), layout)
 

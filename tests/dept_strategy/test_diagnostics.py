@@ -8,14 +8,14 @@ import pytest
 
 from dept_strategy import diagnostics
 from dept_strategy.diagnostics import gram, mean_off_diagonal, round_diagnostics
-from dept_strategy.screening import SizeTally
+from dept_strategy.screening import UpdateSizes
 from dept_strategy.spool import RoundSpool, Spooled
 
 SHAPES = {"w": (5, 3), "b": (4,), "emb": (12, 2)}
 
 
 def _spool(spool: RoundSpool, delta: dict[str, np.ndarray], rows: np.ndarray | None = None):
-    tally = SizeTally(("emb",))
+    tally = UpdateSizes(("emb",))
     path, layout = spool.write(tally.observe(delta.items()))
     return Spooled(path, 1.0, rows, tally.stats(), layout)
 

@@ -12,6 +12,7 @@ from dept_strategy.direction import (
     screen_directions,
 )
 from dept_strategy.screening import Defences
+from dept_strategy.training_round import smoothed_agreement
 from tests.dept_strategy.mock_replies import BODY, mock_strategy, train_reply
 
 SIZES = [4_000] * 6 + [64] * 4  # six noisy matrices, four small tensors moved alike (norms)
@@ -184,6 +185,7 @@ def test_the_strategy_smooths_a_sources_agreement_over_its_rounds() -> None:
     strategy = mock_strategy()
     strategy.history.at(1).agreement = {"s": -0.2, "t": 0.1}
     strategy.history.at(2).agreement = {"s": 0.4}
-    assert strategy._smoothed_agreement("s", 3) == pytest.approx(0.1)
-    assert strategy._smoothed_agreement("s", 2) == pytest.approx(-0.2), "earlier rounds only"
-    assert np.isnan(strategy._smoothed_agreement("new", 3))
+    history = strategy.history
+    assert smoothed_agreement(history, "s", 3) == pytest.approx(0.1)
+    assert smoothed_agreement(history, "s", 2) == pytest.approx(-0.2), "earlier rounds only"
+    assert np.isnan(smoothed_agreement(history, "new", 3))

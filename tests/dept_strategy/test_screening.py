@@ -4,7 +4,7 @@ overflow."""
 import numpy as np
 import pytest
 
-from dept_strategy.screening import SizeTally, UpdateStats, median_stats, screen
+from dept_strategy.screening import UpdateSizes, UpdateStats, median_stats, screen
 
 
 def _stats(rms: float, biggest: float | None = None) -> UpdateStats:
@@ -13,7 +13,7 @@ def _stats(rms: float, biggest: float | None = None) -> UpdateStats:
 
 def test_sizes_of_an_update_near_the_float32_limit_do_not_overflow() -> None:
     delta = {"w": np.full((4, 4), 3e38, np.float32), "input": np.ones((2, 3), np.float32)}
-    tally = SizeTally(embedding_names=("input",))
+    tally = UpdateSizes(embedding_names=("input",))
     assert [n for n, _ in tally.observe(delta.items())] == ["w", "input"], "passed on as is"
     stats = tally.stats()
     assert stats.body_rms == pytest.approx(3e38, rel=1e-6) and stats.body_max == pytest.approx(3e38)
@@ -62,7 +62,7 @@ def test_without_the_relative_check_a_reply_beyond_reach_is_scaled_to_the_reach_
 
 def test_a_tensor_sized_in_rounds_meets_the_bound_of_its_span() -> None:
     # A fragment that spans 3 rounds may move 3 rounds' worth: sized in rounds it is 1 round
-    tally = SizeTally(embedding_names=(), units={"frag": 3.0})
+    tally = UpdateSizes(embedding_names=(), units={"frag": 3.0})
     tally.add("frag", np.full(4, 0.3, np.float32))
     tally.add("whole", np.full(4, 0.05, np.float32))
     stats = tally.stats()

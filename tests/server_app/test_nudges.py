@@ -11,7 +11,7 @@ from flwr.app import ConfigRecord, Message, RecordDict
 from flwr.supercore.task_identity import TaskIdentity
 
 from server_app.arrivals import replies_as_they_arrive
-from server_app.nudges import Nudges
+from server_app.nudges import NodesBehind
 
 
 @pytest.fixture(autouse=True)
@@ -55,7 +55,9 @@ def _train(nodes: Iterable[int]) -> list[Message]:
     return [Message(RecordDict(), dst_node_id=n, message_type="train") for n in nodes]
 
 
-def _exchange(grid: BehindGrid, nudges: Nudges | None, timeout: float) -> tuple[set[int], float]:
+def _exchange(
+    grid: BehindGrid, nudges: NodesBehind | None, timeout: float
+) -> tuple[set[int], float]:
     started = time.monotonic()
     replies = replies_as_they_arrive(grid, _train([1, 2, 3]), timeout, 0.02, nudges)
     return {r.content["c"]["n"] for r in replies}, time.monotonic() - started
@@ -65,7 +67,7 @@ def test_a_node_holding_its_reply_back_is_nudged_then_nudged_with_each_message()
     # Prepare: node 3 holds one reply back, as after an old run's late reply
     grid = BehindGrid(behind={3})
     grid.held[3] = Message(RecordDict(), reply_to=_train([3])[0])  # the old run's
-    nudges = Nudges("run", behind=set(), after_s=0.2)
+    nudges = NodesBehind("run", behind=set(), after_s=0.2)
     # Execute: without nudges node 3's reply never comes; with them it does
     alone, _ = _exchange(grid, None, timeout=0.5)
     first, first_s = _exchange(grid, nudges, timeout=30)
@@ -80,7 +82,7 @@ def test_a_node_holding_its_reply_back_is_nudged_then_nudged_with_each_message()
 
 
 def test_a_node_that_is_only_slow_is_not_nudged_before_twice_the_others_wait() -> None:
-    nudges = Nudges("run", behind=set(), after_s=0.0)
+    nudges = NodesBehind("run", behind=set(), after_s=0.0)
     nudges.pushed(BehindGrid(set()), {1, 2})
     time.sleep(0.2)
     nudges.replied(1)  # node 1 took 0.2 s
@@ -98,6 +100,6 @@ class RefusingGrid(BehindGrid):
 
 
 def test_a_nudge_the_superlink_refuses_does_not_end_the_round() -> None:
-    nudges = Nudges("run", behind={2}, after_s=0.0)
+    nudges = NodesBehind("run", behind={2}, after_s=0.0)
     nudges.pushed(RefusingGrid(set()), {1, 2})
     assert nudges.nudged == {2}, "tried once, not again this exchange"
