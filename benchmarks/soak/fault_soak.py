@@ -86,6 +86,7 @@ class Soak:
         self.queue: list[str] = []
         self.started = time.monotonic()
         self.kinds, self.disks, self.no_disks = self.opts.kinds, list[Path](), ""
+        self.unsubmitted: list[Fault] = []  # output-disk-full faults whose run is not resumed
 
     def small_disks(self) -> str:
         """Each node's state folder and the output folder on a small disk of its own, for
@@ -152,7 +153,8 @@ class Soak:
             self.rounds.settle(fault)
 
     def _output_full(self) -> bool:
-        return any(f.kind == inject.OUTPUT_FULL and f.resumed_after is None for f in self.injected)
+        """Whether an output-disk-full fault waits for its run to stop and be resumed."""
+        return bool(self.unsubmitted)
 
     def _free_disks(self, now: float) -> None:
         """Free each node's state disk whose time full is up."""
@@ -168,6 +170,7 @@ class Soak:
             return
         (self.out / FILLER).unlink(missing_ok=True)
         self._resubmit()
+        self.unsubmitted.clear()  # the resumed run's log says which checkpoint it took
 
     def _gap(self) -> float:
         return self.rng.uniform(0.5, 1.5) * self.opts.gap_s
@@ -195,7 +198,7 @@ class Soak:
                 continue
             self.queue.remove(kind)
             fault = Fault(kind, target, time.monotonic(), self.rounds.done)
-            fault.detail = self._do(kind, target)
+            fault.detail = self._do(fault)
             self.injected.append(fault)
             log.info(
                 "fault %d: %s %s after round %d: %s",
@@ -226,10 +229,12 @@ class Soak:
             free = [s for s in free if self._round_state(s) is not None]
         return self.rng.choice(free) if free else None
 
-    def _do(self, kind: str, target: str) -> str:
-        """Inject ``kind`` into ``target``; what was hit, for the record."""
+    def _do(self, fault: Fault) -> str:
+        """Inject ``fault``; what was hit, for the record."""
+        kind, target = fault.kind, fault.target
         if kind == inject.OUTPUT_FULL:
             filler = inject.fill(self.out)
+            self.unsubmitted.append(fault)
             return f"{filler.stat().st_size >> 10} KiB filled the output folder's disk"
         if kind in inject.SERVER_KINDS:
             detail = self._corrupt_checkpoint() if kind == inject.CHECKPOINT else ""
@@ -299,9 +304,12 @@ class Soak:
         self.server_run = self.deployment.run(self.run_config(resume=True), f"flwr-run-{attempt}")
 
     def _note_resume(self) -> None:
-        """Which checkpoint the resumed server took, once its log says."""
+        """Which checkpoint the resumed server took, once its log says (a fault whose run
+        is not resubmitted yet waits: the log is still the run before it)."""
         for fault in self.injected:
             if fault.target == "server" and fault.resumed_after is None:
+                if any(f is fault for f in self.unsubmitted):
+                    continue
                 found = RESUMED.search(self.server_run.text())
                 if found:
                     fault.resumed_after = int(found.group(1))
