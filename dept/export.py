@@ -1,7 +1,5 @@
-"""Export a finished run as Hugging Face model folders that load offline.
-
-    dept export outputs/dept --source de-novels --out models/de-novels
-    dept export outputs/dept --global --out models/global          # GLOB and TRIM
+"""Export a finished run as Hugging Face model folders that load offline (the library;
+``dept export`` is :mod:`dept_cli.export`).
 
 A source's model is the run's final body θ with that source's embeddings and tokenizer: its
 own (SPEC-OPT), or the global tokenizer with φ_k spread back over the global ids (SPEC,
@@ -21,7 +19,6 @@ Run on the machine that holds the source's state directory (its node, in a deplo
 
 from __future__ import annotations
 
-import argparse
 import json
 import shutil
 from dataclasses import dataclass, replace
@@ -32,15 +29,14 @@ import torch
 from safetensors.torch import load_file
 from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerFast
 
-from dept.cli_help import HelpFormatter
 from dept.config import ConfigError, DeptConfig, load_config, to_run_config
 from dept.data.sources import load_sources, run_sources
 from dept.data.vocab import check_fits, load_tokenizer
-from dept.model.families import (
+from dept.model.build import build_model
+from dept.model.families import family_of
+from dept.model.roles import (
     body_parameters,
-    build_model,
     embedding_parameters,
-    family_of,
     load_tensors,
     position_parameters,
 )
@@ -337,62 +333,3 @@ def _write_folder(
     for path in tmp.iterdir():
         path.chmod(mode)
     replace_dir(tmp, out)
-
-
-EXAMPLES = """examples:
-  dept export outputs/dept --source de-novels --out models/de-novels   # any variant
-  dept export outputs/dept --global --out models/global                # glob, trim
-"""
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="dept export",
-        description="Export a finished DEPT run as Hugging Face model folders that load offline.",
-        epilog=EXAMPLES,
-        formatter_class=HelpFormatter,
-    )
-    parser.add_argument("run_dir", type=Path, help="the run's output-dir")
-    which = parser.add_mutually_exclusive_group(required=True)
-    which.add_argument("--source", help="export this source's model")
-    which.add_argument(
-        "--global",
-        dest="global_model",
-        action="store_true",
-        help="export the global model (glob, trim)",
-    )
-    parser.add_argument("--out", type=Path, required=True, help="folder to write")
-    parser.add_argument("--force", action="store_true", help="replace an earlier export in --out")
-    parser.add_argument("--state-dir", type=Path, help="the source's state root, if not the run's")
-    parser.add_argument("--sources-file", type=Path, help="sources file, if not the run's")
-    parser.add_argument(
-        "--global-tokenizer", type=Path, help="the run's global tokenizer.json (deployed node)"
-    )
-    args = parser.parse_args(argv)
-    try:
-        if args.global_model:
-            out = export_global(
-                args.run_dir,
-                args.out,
-                state_dir=args.state_dir,
-                global_tokenizer_file=args.global_tokenizer,
-                force=args.force,
-            )
-        else:
-            out = export_source(
-                args.run_dir,
-                args.source,
-                args.out,
-                state_dir=args.state_dir,
-                sources_file=args.sources_file,
-                global_tokenizer_file=args.global_tokenizer,
-                force=args.force,
-            )
-    except (ValueError, OSError) as exc:  # ConfigError is a ValueError
-        parser.exit(2, f"{parser.prog}: {exc}\n")
-    print(f"wrote {out}")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

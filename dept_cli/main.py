@@ -33,7 +33,7 @@ class Command:
 
 COMMANDS: dict[str, Command] = {
     "run": Command("server_app.launch", "run a simulated federation (flwr run, sized for it)"),
-    "export": Command("dept.export", "export a finished run as Hugging Face model folders"),
+    "export": Command("dept_cli.export", "export a finished run as Hugging Face model folders"),
     "eval": Command("dept_cli.evaluate", "a finished run's models through lm-evaluation-harness"),
     "finetune": Command("dept_cli.finetune", "fine-tune a run's models with a task head, per seed"),
     "compare": Command("dept_cli.compare", "every DEPT variant against the baselines, one table"),

@@ -20,11 +20,10 @@ from rich.table import Table
 
 from dept.cli_help import HelpFormatter, plain
 from dept.config import DeptConfig
-from dept.model.families import (
-    DEFAULT_FAMILY,
-    FAMILIES,
+from dept.model.build import build_model
+from dept.model.families import DEFAULT_FAMILY, FAMILIES
+from dept.model.roles import (
     body_parameters,
-    build_model,
     count_params,
     embedding_parameters,
     position_parameters,

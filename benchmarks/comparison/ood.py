@@ -110,7 +110,7 @@ def body_of(run_dir: Path) -> dict[str, torch.Tensor]:
     if (run_dir / BASELINE_MODEL / "config.json").is_file():
         from transformers import AutoModelForCausalLM
 
-        from dept.model.families import body_state, position_state
+        from dept.model.roles import body_state, position_state
 
         model = AutoModelForCausalLM.from_pretrained(run_dir / BASELINE_MODEL)
         return body_state(model) | position_state(model)

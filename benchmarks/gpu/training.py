@@ -3,7 +3,7 @@
     python -m benchmarks.gpu.training                # 125m, bf16, fused AdamW, flash SDPA
     python -m benchmarks.gpu.training --compile      # the same under torch.compile
 
-Trains the project's model (``dept.model.families.build_model``) with the client's own pieces:
+Trains the project's model (``dept.model.build.build_model``) with the client's own pieces:
 ``make_inner_optimizer`` (fused AdamW on CUDA), ``autocast`` (bf16 on CUDA) and
 ``next_token_loss``, on random tokens (speed does not depend on the text), with attention
 forced to the flash kernel of SDPA on CUDA (it fails loudly where flash cannot run).
@@ -38,7 +38,8 @@ from torch import nn
 
 from benchmarks.measure import print_table, result_header, write_outputs
 from dept.config import load_config
-from dept.model.families import build_config, build_model
+from dept.model.build import build_model
+from dept.model.families import build_config
 from dept.train.devices import resolve_device
 from dept.train.local import autocast, make_inner_optimizer, next_token_loss
 

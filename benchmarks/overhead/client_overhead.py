@@ -51,8 +51,8 @@ from benchmarks.measure import (
 )
 from benchmarks.timed_grid import TimedGrid
 from dept.config import load_config
-from dept.data.corpus import StreamPosition, training_batches
 from dept.data.sources import run_sources
+from dept.data.token_stream import StreamPosition, training_batches
 from dept.state.workspace import Workspace
 from dept.train.local import make_inner_optimizer, next_token_loss
 from dept.train.sharing import initial_tensors

@@ -66,8 +66,9 @@ def write_source(folder: Path, size: int, seed: int = 0) -> Path:
 
 def prepare_here(folder: Path, state: Path, vocab_size: int) -> dict[str, Any]:
     """The child's work: prepare the source in ``folder``, timing each phase."""
-    from dept.data.corpus import load_source_text, tokenize_source
+    from dept.data.corpus import load_source_text
     from dept.data.sources import SourceSpec
+    from dept.data.token_stream import tokenize_source
     from dept.data.vocab import load_tokenizer, tokenizer_digest
     from dept.state.workspace import cache_dir, own_tokenizer
 

@@ -44,7 +44,8 @@ from benchmarks.measure import (
     write_outputs,
 )
 from dept.certificates import make_certificates
-from dept.model.families import body_parameters, build_model, count_params
+from dept.model.build import build_model
+from dept.model.roles import body_parameters, count_params
 from tests.deploy import gateway
 from tests.deploy.loopback import Loopback, Tls
 

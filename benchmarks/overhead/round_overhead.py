@@ -47,7 +47,7 @@ DEFAULT_SOURCES = "en-shakespeare,de-novels,ru-chekhov"
 # (label, file suffix, function) of the steps of a round worth seeing in the profile.
 COMPONENTS = (
     ("client: decode arrays", "arrayrecord.py", "to_torch_state_dict"),
-    ("client: build model", "dept/model/families.py", "build_model"),
+    ("client: build model", "dept/model/build.py", "build_model"),
     ("client: load state", "dept/state/workspace.py", "load_state"),
     ("client: local training", "dept/train/local.py", "train_local"),
     ("client: save state", "dept/state/workspace.py", "save_state"),

@@ -1,16 +1,11 @@
-"""Loading a source's text through ``datasets``, tokenizing it once, and packing it.
+"""Reading a source's documents, whatever form the source takes (built in, a folder, local
+files, a Hugging Face dataset), into a train and a validation split.
 
-Documents are tokenized, joined with an EOS after each, and cut into fixed-length blocks
-(``seq_len + 1`` tokens, so every block yields ``seq_len`` next-token targets). The token
-stream is written to disk shard by shard and read by memory map (:mod:`dept.data.shards`), in a
-cache next to the source's state keyed by the tokenizer and the data's content (not its
-path), so no round re-tokenizes and memory does not grow with the source. ``datasets``
-reads and parses the files; each split (blank rows dropped, documents held out, the
-``max-train-bytes`` cut) is then written once to an Arrow file of its own, keyed likewise,
-and every pass over the text reads it by plain reads (:mod:`dept.data.arrow_text`), never by a
-memory map that would keep its pages resident. Training walks a seeded permutation of the
-blocks and remembers where it stopped (:class:`StreamPosition`), so the next round
-continues instead of restarting.
+``datasets`` reads and parses the files; each split (blank rows dropped, documents held out,
+the ``max-train-bytes`` cut) is then written once to an Arrow file of its own, keyed by what
+the documents are (content and reading options, not their path), and every pass over the
+text reads it by plain reads (:mod:`dept.data.arrow_text`), never by a memory map that would
+keep its pages resident. Tokenizing and batching them is :mod:`dept.data.token_stream`.
 """
 
 from __future__ import annotations
@@ -29,20 +24,18 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from datasets.exceptions import DatasetGenerationError
 from filelock import FileLock
-from transformers import PreTrainedTokenizerFast
 
 from dept.data import arrow_text
 from dept.data.arrow_text import Rows
 from dept.data.fingerprint import digest, files_key
 from dept.data.pieces import MAX_DOCUMENT_BYTES, longest_document, training_pieces
-from dept.data.shards import Plan, recorded_ranges, tokenized_splits
+from dept.data.shards import Plan
 from dept.data.sources import BUILTIN_PREFIX, HF_PREFIX, SourceSpec, source_files
 from dept.data.synthetic import ensure_synthetic_corpus
 from dept.data.text_checks import file_problem, one_line
 
 BUILDER_BY_SUFFIX = {".txt": "text", ".json": "json", ".jsonl": "json", ".parquet": "parquet"}
 STDLIB_VAL_EVERY = 20
-TOKENS_FORMAT = 2  # 1: one .npz of int32 per source; 2: memory-mapped shards (dept.data.shards)
 SAMPLE_STREAM = 0x70C  # the tokenizer sample's random stream, apart from the run's others
 SPLITS = ("train", "validation")
 # Rows per record batch in datasets' Arrow files (its default 1,000; its builders' ~10 MB
@@ -357,16 +350,6 @@ def _python_stdlib(spec: SourceSpec, cache_dir: Path) -> SourceText:
     return _written(spec, cache_dir, key, choose)
 
 
-@dataclass
-class TokenizedSource:
-    """A source's token stream per split (documents joined, EOS after each)."""
-
-    train: np.ndarray  # (N_train,) token ids, uint16 or uint32, memory-mapped
-    validation: np.ndarray  # (N_val,) token ids, likewise
-    # per split (min, max) id, recorded when the cache was written; None: not known
-    id_ranges: dict[str, tuple[int, int]] | None = None
-
-
 # How each kind of source (:attr:`dept.data.sources.SourceSpec.kind`) is read.
 LOADERS: dict[str, Callable[[SourceSpec, Path, int], SourceText]] = {
     "hf": _load_hub,
@@ -374,60 +357,3 @@ LOADERS: dict[str, Callable[[SourceSpec, Path, int], SourceText]] = {
     "dir": _load_dir,
     "files": _load_file_table,
 }
-
-
-def tokenize_source(
-    text: SourceText, tokenizer: PreTrainedTokenizerFast, tokenizer_digest: str, cache_dir: Path
-) -> TokenizedSource:
-    """Tokenize both splits once, resuming an interrupted preparation; later calls with the
-    same tokenizer and data map the cache."""
-    folder = cache_dir / f"tokens-{digest(tokenizer_digest, text.key, TOKENS_FORMAT)}"
-    cache_dir.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(folder) + ".lock"):
-        splits = tokenized_splits(
-            {"train": text.train, "validation": text.validation},
-            tokenizer.backend_tokenizer,
-            tokenizer.eos_token_id,
-            folder,
-        )
-        ranges = recorded_ranges(folder)
-    return TokenizedSource(splits["train"], splits["validation"], ranges)
-
-
-def num_blocks(tokens: np.ndarray, seq_len: int) -> int:
-    """How many ``seq_len + 1`` blocks (stride ``seq_len``) the stream holds."""
-    return max(0, (len(tokens) - 1) // seq_len)
-
-
-def block(tokens: np.ndarray, index: int, seq_len: int) -> np.ndarray:
-    start = index * seq_len
-    return tokens[start : start + seq_len + 1]
-
-
-@dataclass
-class StreamPosition:
-    """Where a source's training stream stands: epoch of the permutation and offset in it."""
-
-    epoch: int = 0
-    offset: int = 0
-
-
-def training_batches(
-    tokens: np.ndarray, seq_len: int, batch_size: int, seed: int, position: StreamPosition
-) -> Iterator[np.ndarray]:
-    """Endless (B, seq_len + 1) batches in a seeded order per epoch, advancing ``position``."""
-    n = num_blocks(tokens, seq_len)
-    if n < batch_size:
-        raise ValueError(
-            f"the training text has {len(tokens)} tokens: fewer than one batch "
-            f"of {batch_size} x {seq_len + 1}"
-        )
-    while True:
-        order = np.random.default_rng([seed, position.epoch]).permutation(n)
-        while position.offset < n:
-            take = order[position.offset : position.offset + batch_size]
-            if len(take) < batch_size:  # the last partial batch of an epoch is skipped
-                break
-            position.offset += batch_size
-            yield np.stack([block(tokens, int(i), seq_len) for i in take]).astype(np.int32)
-        position.epoch, position.offset = position.epoch + 1, 0

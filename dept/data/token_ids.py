@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from dept.data.corpus import TokenizedSource
 from dept.data.shards import id_range
+from dept.data.token_stream import TokenizedSource
 
 
 def check_token_ids(source: str, tokens: TokenizedSource, size: int, tokenizer: Path) -> None:

@@ -1,31 +1,23 @@
-"""Decoder LMs from a registry of model families, and their split into body θ, φ and ψ.
+"""The registry of model families: what a run's ``model`` key names and the Hugging Face
+config it builds.
 
-A run's ``model`` key names ``<family>:<size>`` (``llama:tiny``, ``gpt2:debug``; a bare size
-means Llama) or a Hugging Face ``config.json`` of a family below. The body θ is every
-parameter but the token embeddings φ (input, and output when untied; found through the HF
-accessors, not by name) and the learned position embeddings ψ (GPT-2's ``wpe``; RoPE models
-have none), so θ's names and shapes do not depend on the vocabulary: that is what lets
-sources with different vocabularies share it. What of φ and ψ is shared is the variant's
-(:mod:`dept.train.sharing`).
-
-Initialisation is the same for every family and independent of the vocabulary: θ is drawn
-from the run seed in name order (matrices N(0, 0.02), biases 0, norm scales 1; a family may
-scale its residual projections by 1/sqrt(2 · layers), as GPT-2 does), then ψ (N(0, 0.02)).
+``model`` names ``<family>:<size>`` (``llama:tiny``, ``gpt2:debug``; a bare size means
+Llama) or a Hugging Face ``config.json`` of a family below. A family says its HF classes, how
+a size maps to config keys, its context-length key, its position module (ψ) if any and its
+residual projections. Which parameters are θ, φ and ψ is :mod:`dept.model.roles`; building
+and initialising a model is :mod:`dept.model.build`.
 """
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import json
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
-import torch
-from torch import nn
 from transformers import (
     GPT2Config,
     GPT2LMHeadModel,
@@ -34,12 +26,10 @@ from transformers import (
     PretrainedConfig,
     PreTrainedModel,
 )
-from transformers.initialization import no_init_weights
 
 from dept.paths import resolve_path
 
 INIT_STD = 0.02
-EMBEDDING_NAMES = ("input", "output")  # φ's tensors as they travel (tied: input only)
 DEFAULT_FAMILY = "llama"  # what a bare size (``tiny``) means
 # config.json keys that describe a checkpoint, not an architecture: the run sets its own.
 NOT_ARCHITECTURE = {
@@ -233,77 +223,6 @@ def family_of(model: PreTrainedModel) -> Family:
     return next(f for f in FAMILIES.values() if f.model_type == model.config.model_type)
 
 
-def build_model(
-    name: str,
-    vocab_size: int,
-    max_seq_len: int,
-    *,
-    tie_embeddings: bool = True,
-    seed: int = 0,
-    device: torch.device | str | None = None,
-    activation_checkpointing: bool = False,
-    initialise: bool = True,
-) -> PreTrainedModel:
-    """A freshly initialised model; the same ``seed`` gives the same θ for any vocabulary
-    (``activation_checkpointing``: see :func:`checkpoint_activations`).
-
-    It is built on ``device`` (default: torch's default device), so a CUDA model is never a
-    CPU copy first. Its draws come from that device's generator: the same θ on every CPU,
-    another on CUDA (a client's are all replaced by the server's θ and its own φ_k).
-    ``initialise=False`` draws nothing and leaves the parameters as allocated, for a model
-    whose every parameter is loaded next: 2.6 s of a CPU core saved per build at 125m."""
-    config = build_config(name, vocab_size, max_seq_len, tie_embeddings)
-    family = model_choice(name).family
-    where = torch.device(device) if device is not None else torch.get_default_device()
-    forked = [where] if where.type == "cuda" else []  # the generator drawn from, left as it was
-    drawing = contextlib.nullcontext() if initialise else no_init_weights()
-    with torch.random.fork_rng(devices=forked), where:
-        torch.manual_seed(seed)
-        with drawing:
-            model = family.model_class(config)
-        model.tie_weights()  # no_init_weights skips it with the rest of init_weights
-        torch.manual_seed(seed)  # θ from its own seed, whatever the vocabulary drew
-        if initialise:
-            _initialise(model, family, config.num_hidden_layers)
-    if activation_checkpointing:
-        checkpoint_activations(model)
-    return model
-
-
-def checkpoint_activations(model: PreTrainedModel) -> None:
-    """Keep only each layer's input in training and recompute the rest in the backward pass:
-    about a third more compute for about 1.3 saved floats of width C a token and layer
-    instead of 21 (Llama) or 30 (GPT-2), measured at 125m: some 60 GB less at 1.3b, seq-len 2048
-    and batch-size 8 in float32. Non-reentrant checkpointing, which gives the same
-    gradients; no KV cache, which training never reads."""
-    # transformers 5's name for gradient_checkpointing_enable (which now warns)
-    model.activation_checkpointing_enable({"use_reentrant": False})
-    model.config.use_cache = False
-
-
-def _initialise(model: PreTrainedModel, family: Family, num_layers: int) -> None:
-    norms = {
-        id(p)
-        for m in model.modules()
-        if isinstance(m, nn.LayerNorm) or type(m).__name__.endswith("RMSNorm")
-        for p in m.parameters(recurse=False)
-    }
-    residual_std = INIT_STD / math.sqrt(2 * num_layers)
-    with torch.no_grad():
-        for name, param in sorted(body_parameters(model).items()):
-            if name.endswith("bias"):
-                nn.init.zeros_(param)
-            elif id(param) in norms:
-                nn.init.ones_(param)
-            elif param.dim() >= 2:
-                residual = name.endswith(family.residual_projections)
-                nn.init.normal_(param, mean=0.0, std=residual_std if residual else INIT_STD)
-            else:
-                raise ValueError(f"{family.name}: no initialisation rule for {name}")
-        for param in position_parameters(model).values():
-            nn.init.normal_(param, mean=0.0, std=INIT_STD)
-
-
 @functools.cache  # asked for every reply a client sends (its embedding_params)
 def model_width(name: str) -> int:
     """Hidden size C of ``name``: the width of every φ and ψ row."""
@@ -319,80 +238,3 @@ def position_count(name: str, max_seq_len: int) -> int:
         return 0
     config = build_config(name, 512, max_seq_len, True)
     return int(getattr(config, choice.family.max_positions_key)) * model_width(name)
-
-
-def embedding_modules(model: PreTrainedModel) -> list[nn.Module]:
-    """The input embedding, plus the output embedding when it is a separate tensor."""
-    modules: list[nn.Module] = [model.get_input_embeddings()]
-    out = model.get_output_embeddings()
-    if out is not None and out.weight is not modules[0].weight:
-        modules.append(out)
-    return modules
-
-
-def embedding_parameters(model: PreTrainedModel) -> dict[str, nn.Parameter]:
-    """φ: ``input`` (and ``output`` when untied) embedding matrices, each (V, C)."""
-    modules = embedding_modules(model)
-    return {EMBEDDING_NAMES[i]: cast(nn.Parameter, m.weight) for i, m in enumerate(modules)}
-
-
-def position_parameters(model: PreTrainedModel) -> dict[str, nn.Parameter]:
-    """ψ: ``positions``, the learned absolute position embedding (T, C), where there is one."""
-    where = family_of(model).positions
-    if where is None:
-        return {}
-    return {"positions": cast(nn.Parameter, model.get_submodule(where).weight)}
-
-
-def body_parameters(model: PreTrainedModel) -> dict[str, nn.Parameter]:
-    """θ: every parameter that is neither a token (φ) nor a position (ψ) embedding."""
-    skip = {id(p) for m in embedding_modules(model) for p in m.parameters()}
-    skip |= {id(p) for p in position_parameters(model).values()}
-    return {n: p for n, p in model.named_parameters() if id(p) not in skip}
-
-
-def body_state(model: PreTrainedModel) -> dict[str, torch.Tensor]:
-    """A detached float32 CPU copy of θ, the form it travels in."""
-    return _copies(body_parameters(model))
-
-
-def position_state(model: PreTrainedModel) -> dict[str, torch.Tensor]:
-    """The same of ψ (empty for a model without learned positions)."""
-    return _copies(position_parameters(model))
-
-
-def _copies(params: Mapping[str, nn.Parameter]) -> dict[str, torch.Tensor]:
-    return {n: p.detach().to("cpu", torch.float32).clone() for n, p in params.items()}
-
-
-def check_all_loaded(model: PreTrainedModel, loaded: list[nn.Parameter]) -> None:
-    """Refuse a model with a parameter outside ``loaded``: built without initial values
-    (``build_model(initialise=False)``), it would train on whatever its memory held."""
-    ids = {id(p) for p in loaded}
-    left = [name for name, p in model.named_parameters() if id(p) not in ids]
-    if left:
-        raise RuntimeError(f"parameters neither received nor kept by the source: {left[:3]}")
-
-
-def load_tensors(
-    params: Mapping[str, nn.Parameter], state: Mapping[str, torch.Tensor], what: str
-) -> None:
-    """Copy ``state`` into ``params``; names and shapes must match exactly (``what`` names
-    the tensors in the error: ``body``, ``shared``, a source's saved embeddings)."""
-    missing, extra = params.keys() - state.keys(), state.keys() - params.keys()
-    if missing or extra:
-        raise KeyError(
-            f"{what} tensors differ: missing {sorted(missing)[:3]}, extra {sorted(extra)[:3]}"
-        )
-    with torch.no_grad():
-        for name, param in params.items():
-            if tuple(state[name].shape) != tuple(param.shape):
-                raise ValueError(
-                    f"{what} tensor {name}: shape {tuple(state[name].shape)} != "
-                    f"{tuple(param.shape)}"
-                )
-            param.copy_(state[name])
-
-
-def count_params(tensors: Mapping[str, torch.Tensor] | Mapping[str, nn.Parameter]) -> int:
-    return sum(t.numel() for t in tensors.values())

@@ -52,9 +52,10 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file
 
 from dept.config import DeptConfig
-from dept.data.corpus import SourceText, StreamPosition, load_source_text, text_sample
+from dept.data.corpus import SourceText, load_source_text, text_sample
 from dept.data.fingerprint import digest
 from dept.data.sources import GLOBAL_SAMPLE_BYTES, SourceSpec
+from dept.data.token_stream import StreamPosition
 from dept.data.vocab import ensure_tokenizer
 from dept.model.families import INIT_STD
 from dept.model.variants import variant

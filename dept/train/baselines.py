@@ -32,14 +32,15 @@ import torch
 from transformers import PreTrainedModel
 
 from dept.config import DeptConfig
-from dept.data.corpus import StreamPosition, load_source_text, tokenize_source, training_batches
+from dept.data.corpus import load_source_text
 from dept.data.sources import SourceSpec
+from dept.data.token_stream import StreamPosition, tokenize_source, training_batches
 from dept.data.vocab import check_fits, load_tokenizer, token_byte_lengths, tokenizer_digest
-from dept.model.families import (
-    INIT_STD,
+from dept.model.build import build_model
+from dept.model.families import INIT_STD
+from dept.model.roles import (
     body_parameters,
     body_state,
-    build_model,
     count_params,
     embedding_parameters,
     load_tensors,

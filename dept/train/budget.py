@@ -59,7 +59,8 @@ class Device:
 @functools.cache
 def body_params(model: str) -> int:
     """θ's size for ``model``, counted on a model built on the meta device (no memory)."""
-    from dept.model.families import body_parameters, build_model
+    from dept.model.build import build_model
+    from dept.model.roles import body_parameters
 
     with torch.device("meta"):
         built = build_model(model, 512, 8)

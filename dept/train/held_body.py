@@ -20,7 +20,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
-from dept.model.families import EMBEDDING_NAMES
+from dept.model.roles import EMBEDDING_NAMES
 from dept.state.files import new_file_mode
 from dept.wire import keys
 from dept.wire.download import apply_change, body_digest

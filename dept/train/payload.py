@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from dept.config import DeptConfig
-from dept.model.families import EMBEDDING_NAMES
+from dept.model.roles import EMBEDDING_NAMES
 from dept.train.local import max_round_update, max_span_update
 from dept.train.seen_rows import SentRows
 from dept.wire.compression import compress_with_feedback, encode

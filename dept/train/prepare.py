@@ -14,8 +14,9 @@ from pathlib import Path
 from transformers import PreTrainedTokenizerFast
 
 from dept.config import DeptConfig
-from dept.data.corpus import SourceText, TokenizedSource, load_source_text, tokenize_source
+from dept.data.corpus import SourceText, load_source_text
 from dept.data.sources import SourceSpec
+from dept.data.token_stream import TokenizedSource, tokenize_source
 from dept.data.vocab import check_fits, load_tokenizer, tokenizer_digest
 from dept.model.variants import variant
 from dept.state.workspace import global_tokenizer, own_tokenizer

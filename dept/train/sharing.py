@@ -14,10 +14,10 @@ from torch import nn
 from transformers import PreTrainedModel
 
 from dept.config import DeptConfig
-from dept.model.families import (
+from dept.model.build import build_model
+from dept.model.roles import (
     body_parameters,
     body_state,
-    build_model,
     embedding_parameters,
     position_parameters,
     position_state,

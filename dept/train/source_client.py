@@ -24,19 +24,14 @@ import torch
 from transformers import PreTrainedModel
 
 from dept.config import DeptConfig
-from dept.data.corpus import StreamPosition, TokenizedSource, training_batches
 from dept.data.sources import SourceSpec
 from dept.data.synthetic import oracle_bpb
 from dept.data.token_ids import check_token_ids
+from dept.data.token_stream import StreamPosition, TokenizedSource, training_batches
 from dept.data.vocab import VocabMap, source_vocabulary, token_byte_lengths
-from dept.model.families import (
-    EMBEDDING_NAMES,
-    build_model,
-    check_all_loaded,
-    embedding_parameters,
-    load_tensors,
-    position_count,
-)
+from dept.model.build import build_model
+from dept.model.families import position_count
+from dept.model.roles import EMBEDDING_NAMES, check_all_loaded, embedding_parameters, load_tensors
 from dept.model.variants import variant
 from dept.state.workspace import (
     Attempt,

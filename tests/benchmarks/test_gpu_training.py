@@ -10,7 +10,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from benchmarks.gpu import training as gpu_training
 from benchmarks.gpu.training import compiled, flops_per_token, main, peak_of
-from dept.model.families import build_model
+from dept.model.build import build_model
 
 CPU_DEBUG = ["--device", "cpu", "--model", "debug", "--batch-size", "2", "--seq-len", "32"]
 

@@ -17,12 +17,13 @@ from client_app.app import app as client_app
 from dept.config import ConfigError
 from dept.data.sources import run_sources
 from dept.data.vocab import token_byte_lengths
-from dept.export import export_global, export_source, load_run, main
+from dept.export import export_global, export_source, load_run
 from dept.state.files import new_file_mode
 from dept.state.workspace import Workspace
 from dept.train.evaluate import byte_prefix
 from dept.train.prepare import prepare_source
 from dept.train.source_client import SourceClient
+from dept_cli.export import main
 from server_app.federation import run_federation
 from server_app.local_grid import LocalGrid
 from tests.helpers import DEVICES, debug_run_config, synthetic_sources

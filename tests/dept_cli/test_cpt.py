@@ -12,7 +12,8 @@ from dept.config import load_config
 from dept.data.corpus import load_source_text
 from dept.data.sources import load_sources
 from dept.data.vocab import load_tokenizer
-from dept.model.families import body_state, build_model
+from dept.model.build import build_model
+from dept.model.roles import body_state
 from dept.state.workspace import own_tokenizer
 from dept.train.baselines import run_standard
 from dept_cli import cpt, evaluate, finetune

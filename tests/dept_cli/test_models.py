@@ -7,6 +7,8 @@ import json
 import pytest
 
 from dept.model import families as dm
+from dept.model import roles
+from dept.model.build import build_model
 from dept_cli.main import main
 
 
@@ -24,10 +26,10 @@ def test_json_lists_every_size_of_every_family(capsys: pytest.CaptureFixture[str
     assert listed["tie_embeddings"] is True
     rows = {row["model"]: row for row in listed["models"]}
     for name in ("llama:debug", "gpt2:debug"):
-        model = dm.build_model(name, 300, 64)
-        parts = (dm.body_parameters, dm.position_parameters, dm.embedding_parameters)
+        model = build_model(name, 300, 64)
+        parts = (roles.body_parameters, roles.position_parameters, roles.embedding_parameters)
         counted = [rows[name][k] for k in ("body_params", "position_params", "embedding_params")]
-        assert counted == [dm.count_params(part(model)) for part in parts], name
+        assert counted == [roles.count_params(part(model)) for part in parts], name
         assert rows[name]["total_params"] == sum(p.numel() for p in model.parameters()), name
     assert rows["llama:debug"]["position_params"] == 0, "RoPE: no ψ"
 

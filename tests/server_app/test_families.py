@@ -11,7 +11,9 @@ from flwr.app import Message
 from safetensors.torch import load_file
 
 from client_app.app import app as client_app
-from dept.model.families import body_state, build_model, position_count
+from dept.model.build import build_model
+from dept.model.families import position_count
+from dept.model.roles import body_state
 from dept.wire import keys
 from server_app.federation import run_federation
 from server_app.local_grid import LocalGrid

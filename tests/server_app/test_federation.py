@@ -14,7 +14,8 @@ from flwr.app import Array, Message
 from safetensors.torch import load_file
 
 from client_app.app import app as client_app
-from dept.model.families import body_state, build_model
+from dept.model.build import build_model
+from dept.model.roles import body_state
 from dept.state.lock import LOCK_FILE
 from dept.state.workspace import init_embeddings
 from dept.wire import keys

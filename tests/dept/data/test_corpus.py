@@ -9,18 +9,16 @@ import pytest
 from datasets.exceptions import DatasetGenerationError
 
 import dept.data.shards
-from dept.data.corpus import (
-    SourceText,
+from dept.data.corpus import SourceText, load_source_text, text_sample
+from dept.data.sources import SourceSpec, check_source_paths
+from dept.data.synthetic import SCRIPTS, ensure_synthetic_corpus, make_grammar, oracle_bpb
+from dept.data.token_stream import (
     StreamPosition,
     block,
-    load_source_text,
     num_blocks,
-    text_sample,
     tokenize_source,
     training_batches,
 )
-from dept.data.sources import SourceSpec, check_source_paths
-from dept.data.synthetic import SCRIPTS, ensure_synthetic_corpus, make_grammar, oracle_bpb
 from dept.data.vocab import load_tokenizer, tokenizer_digest, train_tokenizer
 from tests.helpers import corpus
 

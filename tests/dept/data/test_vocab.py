@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 
 import dept.data.vocab
-from dept.data.corpus import TokenizedSource
 from dept.data.token_ids import check_token_ids
+from dept.data.token_stream import TokenizedSource
 from dept.data.vocab import (
     EOS_TOKEN,
     VocabMap,

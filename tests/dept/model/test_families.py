@@ -7,20 +7,15 @@ import torch
 from transformers import GPT2Config, LlamaConfig
 
 from dept.config import ConfigError, load_config
-from dept.model.families import (
-    FAMILIES,
-    SIZES,
-    Size,
+from dept.model.build import build_model
+from dept.model.families import FAMILIES, SIZES, Size, model_choice, position_count, swiglu_width
+from dept.model.roles import (
     body_parameters,
     body_state,
-    build_model,
     count_params,
     embedding_parameters,
     load_tensors,
-    model_choice,
-    position_count,
     position_parameters,
-    swiglu_width,
 )
 from dept.train.local import next_token_loss
 

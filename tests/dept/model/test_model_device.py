@@ -7,7 +7,8 @@ import torch
 
 from dept.config import load_config
 from dept.data.sources import load_sources
-from dept.model.families import body_parameters, build_model
+from dept.model.build import build_model
+from dept.model.roles import body_parameters
 from dept.state.workspace import Workspace
 from dept.train.source_client import SourceClient
 from tests.helpers import debug_run_config, share_cache

@@ -18,7 +18,8 @@ import torch
 from flwr.common.config import parse_config_args
 
 from dept.config import ConfigError, DeptConfig, load_config, to_run_config
-from dept.model.families import body_parameters, build_model
+from dept.model.build import build_model
+from dept.model.roles import body_parameters
 from dept.train.budget import PEAK_FLOPS, PEAK_FLOPS_PER_CPU_THREAD, Device, check_client_fits
 from dept.train.local import make_inner_optimizer, next_token_loss, train_local
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from dept.data.corpus import StreamPosition
+from dept.data.token_stream import StreamPosition
 from dept.state.workspace import (
     EMBEDDINGS_FILE,
     KEEP_ROUNDS,

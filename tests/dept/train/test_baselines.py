@@ -8,9 +8,10 @@ import pytest
 import torch
 
 from dept.config import DeptConfig, load_config
-from dept.data.corpus import StreamPosition, training_batches
 from dept.data.sources import load_sources
-from dept.model.families import body_state, build_model, embedding_parameters
+from dept.data.token_stream import StreamPosition, training_batches
+from dept.model.build import build_model
+from dept.model.roles import body_state, embedding_parameters
 from dept.train import baselines
 from dept.train.baselines import (
     Forgetting,

@@ -8,7 +8,8 @@ from transformers import GPT2Config
 
 from dept.config import ConfigError, load_config
 from dept.data.sources import parse_source, run_sources
-from dept.model.families import body_state, build_model
+from dept.model.build import build_model
+from dept.model.roles import body_state
 from dept.train.budget import Device, body_params, check_client_fits, check_server_fits
 from server_app import sizing
 from tests.helpers import debug_run_config

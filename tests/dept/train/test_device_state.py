@@ -10,7 +10,8 @@ import pytest
 
 from dept.config import load_config
 from dept.data.sources import load_sources
-from dept.model.families import body_state, build_model
+from dept.model.build import build_model
+from dept.model.roles import body_state
 from dept.state.workspace import PROGRESS_FILE, Workspace
 from dept.train.source_client import SourceClient
 from tests.helpers import debug_run_config

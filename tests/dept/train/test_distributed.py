@@ -18,7 +18,8 @@ from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 from client_app.node import served_sources
 from dept.config import ConfigError, load_config
 from dept.data.sources import SourceSpec, load_sources
-from dept.model.families import body_state, build_model
+from dept.model.build import build_model
+from dept.model.roles import body_state
 from dept.state.workspace import Workspace
 from dept.train import distributed
 from dept.train.budget import Device, check_client_fits

@@ -34,9 +34,9 @@ from flwr.common import MessageType
 from safetensors.torch import load_file
 
 from dept.config import load_config
-from dept.data.corpus import StreamPosition, training_batches
 from dept.data.sources import run_sources
-from dept.model.families import body_state
+from dept.data.token_stream import StreamPosition, training_batches
+from dept.model.roles import body_state
 from dept.model.variants import variant
 from dept.paths import resolve_path
 from dept.state.workspace import EMBEDDINGS_FILE, Workspace

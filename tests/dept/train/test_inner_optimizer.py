@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from dept.config import ConfigError, DeptConfig, load_config
-from dept.model.families import build_model
+from dept.model.build import build_model
 from dept.train.local import lr_at, make_inner_optimizer, max_round_update
 
 

@@ -7,9 +7,10 @@ import pytest
 import torch
 
 from dept.config import load_config
-from dept.data.corpus import StreamPosition, training_batches
 from dept.data.sources import load_sources
-from dept.model.families import body_state, build_model, embedding_parameters
+from dept.data.token_stream import StreamPosition, training_batches
+from dept.model.build import build_model
+from dept.model.roles import body_state, embedding_parameters
 from dept.model.variants import variant
 from dept.state.workspace import Workspace
 from dept.train.seen_rows import SeenTokens, row_update_sizes, sent_rows

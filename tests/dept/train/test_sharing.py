@@ -5,12 +5,8 @@ from __future__ import annotations
 import pytest
 
 from dept.config import load_config
-from dept.model.families import (
-    body_parameters,
-    build_model,
-    embedding_parameters,
-    position_parameters,
-)
+from dept.model.build import build_model
+from dept.model.roles import body_parameters, embedding_parameters, position_parameters
 from dept.model.variants import VARIANTS
 from dept.train.sharing import initial_tensors, own_parameters, shared_parameters
 

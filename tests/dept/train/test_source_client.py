@@ -7,13 +7,13 @@ import torch
 
 import dept.train.prepare
 from dept.config import load_config
-from dept.data.corpus import TokenizedSource
 from dept.data.sources import load_sources
-from dept.model.families import (
+from dept.data.token_stream import TokenizedSource
+from dept.model.build import build_model
+from dept.model.roles import (
     EMBEDDING_NAMES,
     body_parameters,
     body_state,
-    build_model,
     check_all_loaded,
     embedding_parameters,
 )

@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from dept.config import ConfigError, DeptConfig, load_config
-from dept.data.corpus import StreamPosition, training_batches
-from dept.model.families import build_model
+from dept.data.token_stream import StreamPosition, training_batches
+from dept.model.build import build_model
 from dept.train.local import StepBudget, TrainStats, lr_at, make_inner_optimizer, train_local
 from tests.helpers import debug_run_config
 

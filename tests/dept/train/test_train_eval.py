@@ -5,9 +5,9 @@ import pytest
 import torch
 
 from dept.config import DeptConfig
-from dept.data.corpus import StreamPosition, training_batches
+from dept.data.token_stream import StreamPosition, training_batches
 from dept.data.vocab import VocabMap
-from dept.model.families import build_model
+from dept.model.build import build_model
 from dept.train.evaluate import byte_prefix, evaluate_stream
 from dept.train.local import (
     ADAM_BETAS,

@@ -9,7 +9,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from dept.config import load_config
-from dept.model.families import build_model
+from dept.model.build import build_model
 from dept.train.local import Progress, _accumulate, next_token_loss
 from server_app.local_runtime import free_port
 from tests.helpers import debug_run_config
