@@ -10,23 +10,20 @@ each update's scale,
     cos_a = Σ_{b≠a} w_b D[a, b] / (√D[a, a] · √(Σ_{b,c≠a} w_b w_c D[b, c]))
 
 An update's **agreement** is the mean of its cosines over the tensors: each tensor one
-vote. Over the whole body at once, the cosine says nothing: the large matrices' steps are
-dominated by each source's own noise, and honest updates' whole-body cosines were 0.00-0.03
-(four and eight sources, ``benchmarks.comparison.poisoning``). The small tensors every
-source moves alike (the norms' gains above all) agree: honest agreements there were +0.04 to
-+0.24, and a reversed update's −0.06 to −0.11, in every round.
+vote. Over the whole body at once the cosine says nothing, the large matrices' steps being
+dominated by each source's own noise; the small tensors every source moves alike (the norms'
+gains above all) are where honest updates agree and a reversed one does not
+(docs/privacy.md has the measured figures).
 
 A source's agreement is smoothed over its rounds (each round's past weighs half,
 :func:`smoothed`), and an update is flagged when its source's smoothed agreement is negative
 *and* more than ``factor`` robust deviations (1.4826 × the median absolute deviation, never
 below :data:`MIN_SPREAD`) below the round's median. Smoothed, because a heterogeneous
-source is now and then against the others for a round (es-novels among eight corpora:
-+0.065, −0.037, +0.101) while a reversing node is so every round (−0.105, −0.108, −0.033);
-one round alone did not tell them apart. Negative and below, because a source unlike
-the others (code among natural languages: +0.04 against +0.15 for the rest) agrees less
-but not against them, and because late in a heterogeneous run every source partly undoes
-the others' last pull (whole-body cosines −0.04 to −0.26 by round 24 of the nine-language
-GLOB run): there the pack itself is negative and only an update far below it is flagged.
+source is now and then against the others for a round while a reversing node is so every
+round; one round alone does not tell them apart. Negative and below, because a source
+unlike the others (code among natural languages) agrees less but not against them, and
+because late in a heterogeneous run every source partly undoes the others' last pull:
+there the pack itself is negative and only an update far below it is flagged.
 
 Scaling cannot turn an update round, so clipping (``outlier-action`` clip) takes a flagged
 update's weight from 1 at the threshold down to 0 at twice the threshold: a borderline
