@@ -7,9 +7,9 @@ own ``.npy`` bytes, read back with ``allow_pickle=False``), metric and config re
 JSON. Never pickle: a peer can make the other side run nothing but the task it names.
 
 Each blob is received straight into the ``bytes`` object its ``Array`` keeps
-(``MSG_WAITALL``): at 125m a body is 0.34 GB, and the ClientApp, a fresh process for every
-message, paid about 0.2 s per body-sized buffer it touched first (a frame-sized buffer, then
-a copy cut from it, doubled that).
+(``MSG_WAITALL``): the ClientApp is a fresh process for every message, and it pays in page
+faults for every body-sized buffer it touches first (a frame-sized buffer, then a copy cut
+from it, would double that).
 
 Light on purpose (stdlib and Flower only): the ClientApp that imports it must not pay for
 torch, which is the whole point of the worker.

@@ -35,7 +35,7 @@ def build_model(
     CPU copy first. Its draws come from that device's generator: the same θ on every CPU,
     another on CUDA (a client's are all replaced by the server's θ and its own φ_k).
     ``initialise=False`` draws nothing and leaves the parameters as allocated, for a model
-    whose every parameter is loaded next: 2.6 s of a CPU core saved per build at 125m."""
+    whose every parameter is loaded next (drawing a large body costs seconds of a core)."""
     config = build_config(name, vocab_size, max_seq_len, tie_embeddings)
     family = model_choice(name).family
     where = torch.device(device) if device is not None else torch.get_default_device()

@@ -1,8 +1,8 @@
 """A round's state written while the reply goes out, and kept for the next round.
 
-At 125m a source's state (φ_k, the inner AdamW moments) is about 1 GB: writing and hashing it
-took 3.7 s of every warm message, the reply waiting on it, and reading it back 1 s of the
-next. A long-lived process (the node's warm worker) can instead hand the writing to a thread
+A source's state (φ_k, the inner AdamW moments) is several times its body in bytes: writing
+and hashing it held every warm message's reply, and reading it back delayed the next. A
+long-lived process (the node's warm worker) can instead hand the writing to a thread
 and keep the state it wrote for the next round: :class:`WriteBehind` holds that one write
 and that one value. The thread is not a daemon, so a worker that exits (idle, SIGTERM, its
 SuperNode gone) finishes the write first; only a SIGKILL between the reply and the write's

@@ -184,7 +184,7 @@ def next_token_logits(
     where each of those ids carries a copy of the row (:mod:`dept.export`): P(other) is N_out
     times the probability of each of them. Counted once, the row would hold the run's
     measure of the model, and the export's normaliser N_out - 1 more copies of it: every
-    kept token loses log(1 + (N_out - 1) p_other) nats there (issue #39, 12-17% in bpb).
+    kept token loses log(1 + (N_out - 1) p_other) nats there (issue #39).
     """
     logits = model(input_ids=inputs).logits.float()  # (B, T, V)
     if vocab_map is not None:  # in place: a second (B, T, V) tensor would cost its memory
