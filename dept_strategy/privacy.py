@@ -30,13 +30,14 @@ therefore does not repeat a round's noise.
 
 from __future__ import annotations
 
-import math
 import secrets
 from dataclasses import dataclass
 
 import dp_accounting
 import torch
 from dp_accounting.rdp import RdpAccountant
+
+from dept.config.checks import check_range
 
 RDP_ORDERS = tuple([1 + x / 10.0 for x in range(1, 100)] + list(range(12, 64)) + [128, 256, 512])
 
@@ -50,12 +51,9 @@ class CentralPrivacy:
     delta: float = 1e-5  # (dp-delta)
 
     def __post_init__(self) -> None:
-        if self.noise_multiplier < 0 or not math.isfinite(self.noise_multiplier):
-            raise ValueError(f"dp noise multiplier must be >= 0, got {self.noise_multiplier}")
-        if not self.clip_norm > 0:
-            raise ValueError(f"dp clip norm must be > 0, got {self.clip_norm}")
-        if not 0 < self.delta < 1:
-            raise ValueError(f"dp delta must be in (0, 1), got {self.delta}")
+        check_range("dp_noise_multiplier", self.noise_multiplier, where="privacy setting")
+        check_range("dp_clip_norm", self.clip_norm, where="privacy setting")
+        check_range("dp_delta", self.delta, where="privacy setting")
 
     @property
     def on(self) -> bool:

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dept.config import COMPRESSIONS, DOWNLOADS, SERVER_MEMORIES, privacy_conflict
+from dept.config.checks import check_range
 from dept.model.variants import EMBEDDING_ROWS
 from dept.wire.compression import TOPK_DENSITY
 from dept_strategy.privacy import CentralPrivacy
@@ -61,12 +62,8 @@ class StrategySettings:
         # at least one source is sampled, and one reply changes the model (0 means that too)
         object.__setattr__(self, "min_train_nodes", max(1, self.min_train_nodes))
         object.__setattr__(self, "min_train_replies", max(1, self.min_train_replies))
-        if not 0 < self.fraction_train <= 1:
-            raise ValueError(f"fraction_train must be in (0, 1], got {self.fraction_train}")
-        if not 0 <= self.fraction_evaluate <= 1:
-            raise ValueError(f"fraction_evaluate must be in [0, 1], got {self.fraction_evaluate}")
-        if self.local_steps < 1:
-            raise ValueError(f"local_steps must be >= 1, got {self.local_steps}")
+        for name in ("local_steps", "fraction_train", "fraction_evaluate", "topk_density"):
+            check_range(name, getattr(self, name), where="strategy setting")
         if self.compression not in COMPRESSIONS:
             raise ValueError(f"compression must be one of {COMPRESSIONS}, got {self.compression!r}")
         if self.download_compression not in DOWNLOADS:
@@ -75,8 +72,6 @@ class StrategySettings:
             raise ValueError("download_compression needs fragments = 1")
         if self.server_memory not in SERVER_MEMORIES:
             raise ValueError(f"server_memory must be one of {SERVER_MEMORIES}")
-        if not 0 < self.topk_density <= 1:
-            raise ValueError(f"topk_density must be in (0, 1], got {self.topk_density}")
         if self.embedding_rows not in EMBEDDING_ROWS:
             raise ValueError(f"embedding_rows must be one of {EMBEDDING_ROWS}")
         if self.privacy.on:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import math
+from collections.abc import Callable
 from dataclasses import fields
 from typing import Any
 
@@ -12,14 +13,35 @@ from dept.config.names import DEVICE_PATTERN, MAX_VOCAB_SIZE, ConfigError, kebab
 from dept.model.outer_optimizers import OUTER_OPTIMIZERS
 from dept.model.variants import VARIANTS
 
+# Constraints on one value, each stated once: the run config's checks below ask them, and so
+# do the settings a strategy is made with (dept_strategy.settings, dept_strategy.privacy), which
+# tests and benchmarks make without a run config.
+RANGES: dict[str, tuple[Callable[[float], bool], str]] = {
+    "local_steps": (lambda v: v >= 1, "must be >= 1"),
+    "fraction_train": (lambda v: 0 < v <= 1, "must be in (0, 1]"),
+    "fraction_evaluate": (lambda v: 0 <= v <= 1, "must be in [0, 1]"),
+    "topk_density": (lambda v: 0 < v <= 1, "must be in (0, 1]"),
+    "dp_noise_multiplier": (lambda v: v >= 0, "must be >= 0 (0: off)"),
+    "dp_clip_norm": (lambda v: v > 0, "must be > 0"),
+    "dp_delta": (lambda v: 0 < v < 1, "must be in (0, 1)"),
+}
+
+
+def check_range(name: str, value: float, where: str = "config") -> None:
+    """A :class:`ConfigError` naming ``name`` where ``value`` is outside its :data:`RANGES`
+    (``where``: whose key it is: the run config's, or a setting's)."""
+    ok, why = RANGES[name]
+    _check(name, math.isfinite(value) and ok(value), why, where)
+
 
 def check_values(cfg: Any) -> None:
     """A :class:`ConfigError` naming the first key of ``cfg`` (a
     :class:`~dept.config.schema.DeptConfig`, which calls this as it is made, so it is not
     imported here) whose value no run could use."""
+    for name in RANGES:
+        check_range(name, getattr(cfg, name))
     for name in (
         "num_server_rounds",
-        "local_steps",
         "seq_len",
         "batch_size",
         "grad_accum_steps",
@@ -73,14 +95,10 @@ def check_values(cfg: Any) -> None:
         cfg.flatness_factor == 0 or cfg.flatness_factor > 1,
         "must be 0 (off) or > 1",
     )
-    _check("dp_noise_multiplier", cfg.dp_noise_multiplier >= 0, "must be >= 0 (0: off)")
-    _check("dp_clip_norm", cfg.dp_clip_norm > 0, "must be > 0")
-    _check("dp_delta", 0 < cfg.dp_delta < 1, "must be in (0, 1)")
     shares = VARIANTS[cfg.variant].embeddings
     some_rows = shares == "rows" or (shares == "all" and cfg.embedding_rows == "seen")
     conflict = privacy_conflict(cfg.aggregation, some_rows, cfg.fragments)
     _check("dp_noise_multiplier", cfg.dp_noise_multiplier == 0 or not conflict, conflict)
-    _check("topk_density", 0 < cfg.topk_density <= 1, "must be in (0, 1]")
     _check("fragments", cfg.fragments >= 1, "must be >= 1")
     _check(
         "fragment_period",
@@ -92,8 +110,6 @@ def check_values(cfg: Any) -> None:
         cfg.download_compression == "none" or cfg.fragments == 1,
         "needs fragments = 1: with fragments a node already gets only the fragments it lacks",
     )
-    _check("fraction_train", 0 < cfg.fraction_train <= 1, "must be in (0, 1]")
-    _check("fraction_evaluate", 0 <= cfg.fraction_evaluate <= 1, "must be in [0, 1]")
     _check("wait_for_nodes_s", cfg.wait_for_nodes_s > 0, "must be > 0")
     _check("round_timeout_s", cfg.round_timeout_s > 0, "must be > 0")
     _check(
