@@ -30,6 +30,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass, fields, replace
+from typing import Any
 
 import numpy as np
 
@@ -54,6 +55,17 @@ class Defences:
     # the most the training of these rounds can move a weight no larger than this;
     # None: not checked (dept.train.local.max_span_update, bound to the run config)
     reach: Callable[[range, float], float] | None = None
+
+    @classmethod
+    def from_config(cls, cfg: Any, **runtime: Any) -> Defences:
+        """The defences of a run config: every field named as a config key is that key's
+        value; ``runtime`` gives the rest (the reach, bound to the run's schedule)."""
+        named = {
+            f.name: getattr(cfg, f.name)
+            for f in fields(cls)
+            if f.name not in runtime and hasattr(cfg, f.name)
+        }
+        return cls(**named, **runtime)
 
     def __post_init__(self) -> None:
         if self.aggregation not in RULES:

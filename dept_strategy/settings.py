@@ -8,8 +8,9 @@ the strategy is made, before any node is asked anything.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
+from typing import Any
 
 from dept.config import COMPRESSIONS, DOWNLOADS, SERVER_MEMORIES, privacy_conflict
 from dept.config.checks import check_range
@@ -33,7 +34,7 @@ class StrategySettings:
     wait_for_nodes_s: float = 120.0  # (wait-for-nodes-s)
     query_timeout_s: float = 600.0  # how long a round waits for a node asked the first time
     max_tokens_per_round: float = math.inf  # a reply claiming more tokens is refused
-    num_rounds: int = 0  # (num-server-rounds): every source is evaluated after the last
+    num_server_rounds: int = 0  # (num-server-rounds): every source is evaluated after the last
     seed: int = 0  # (seed): sampling
     # the φ tensors among the outer optimizer's (GLOB, TRIM)
     embedding_names: tuple[str, ...] = ()
@@ -57,6 +58,18 @@ class StrategySettings:
     simulation: bool = False
     # central DP on: the screening keys it turned off (they judge an update by the others')
     off_for_privacy: tuple[str, ...] = field(default=(), init=False)
+
+    @classmethod
+    def from_config(cls, cfg: Any, **runtime: Any) -> StrategySettings:
+        """The settings of a run config (a :class:`dept.config.DeptConfig`): every field named
+        as a config key is that key's value; ``runtime`` gives the rest (the run id, the φ
+        names, the spool folder, the defences, ...)."""
+        named = {
+            f.name: getattr(cfg, f.name)
+            for f in fields(cls)
+            if f.init and f.name not in runtime and hasattr(cfg, f.name)
+        }
+        return cls(**named, **runtime)
 
     def __post_init__(self) -> None:
         # at least one source is sampled, and one reply changes the model (0 means that too)

@@ -98,7 +98,7 @@ class DeptStrategy(Strategy):
                 body,
                 count=settings.fragments,
                 period=settings.fragment_period,
-                last_round=settings.num_rounds,
+                last_round=settings.num_server_rounds,
             )
             if settings.fragments > 1
             else None
@@ -210,8 +210,8 @@ class DeptStrategy(Strategy):
                 "is the privacy unit)",
                 privacy.clip_norm,
                 privacy.noise_multiplier,
-                self.settings.num_rounds,
-                privacy.epsilon(self.settings.num_rounds),
+                self.settings.num_server_rounds,
+                privacy.epsilon(self.settings.num_server_rounds),
                 privacy.delta,
             )
             if self.settings.off_for_privacy:
@@ -423,7 +423,7 @@ class DeptStrategy(Strategy):
     ) -> Iterable[Message]:
         # Every source is evaluated before training and after the last round, so the
         # before/after comparison always covers the same sources.
-        everyone = server_round in (0, self.settings.num_rounds)
+        everyone = server_round in (0, self.settings.num_server_rounds)
         fraction = 1.0 if everyone else self.settings.fraction_evaluate
         if fraction == 0:
             return []

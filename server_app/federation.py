@@ -213,44 +213,18 @@ def _build_strategy(cfg: DeptConfig, run_id: str, *, simulation: bool) -> DeptSt
     outer = OuterOptimizer(
         tensors, kind=cfg.outer_optimizer, lr=cfg.outer_lr, momentum=cfg.outer_momentum
     )
-    defences = Defences(
-        aggregation=cfg.aggregation,
-        outlier_action=cfg.outlier_action,
-        trim_fraction=cfg.trim_fraction,
-        update_norm_factor=cfg.update_norm_factor,
-        direction_factor=cfg.direction_factor,
-        flatness_factor=cfg.flatness_factor,
-        reach=functools.partial(max_span_update, cfg),
-    )
     pins = cfg.source_keys_file
-    settings = StrategySettings(
+    settings = StrategySettings.from_config(
+        cfg,
         run_id=run_id,
-        local_steps=cfg.local_steps,
-        fraction_train=cfg.fraction_train,
-        min_train_nodes=cfg.min_train_nodes,
-        min_train_replies=cfg.min_train_replies,
-        fraction_evaluate=cfg.fraction_evaluate,
-        min_available_nodes=cfg.min_available_nodes,
-        wait_for_nodes_s=cfg.wait_for_nodes_s,
         query_timeout_s=cfg.wait_for_nodes_s,
         max_tokens_per_round=cfg.step_cap * cfg.grad_accum_steps * cfg.batch_size * cfg.seq_len,
-        num_rounds=cfg.num_server_rounds,
-        seed=cfg.seed,
         embedding_names=embedding_names,
         trim=variant(cfg.variant).embeddings == "rows",
-        embedding_rows=cfg.embedding_rows,
-        embedding_row_weight=cfg.embedding_row_weight,
-        compression=cfg.compression,
-        topk_density=cfg.topk_density,
         spool_dir=resolve_path(cfg.output_dir) / SPOOL_DIR,
-        server_memory=cfg.server_memory,
-        defences=defences,
+        defences=Defences.from_config(cfg, reach=functools.partial(max_span_update, cfg)),
         privacy=CentralPrivacy(cfg.dp_noise_multiplier, cfg.dp_clip_norm, cfg.dp_delta),
         pinned=load_source_keys(resolve_path(pins)) if pins else None,
-        interference=cfg.interference,
-        fragments=cfg.fragments,
-        fragment_period=cfg.fragment_period,
-        download_compression=cfg.download_compression,
         simulation=simulation,
     )
     return DeptStrategy(outer, settings)

@@ -100,5 +100,5 @@ def test_a_density_other_than_the_servers_is_refused() -> None:
     assert arrays is None
     (rejected,) = strategy.history.rounds[1].rejected
     assert "'a' has shape (2,), expected (3,)" in rejected["reason"]
-    with pytest.raises(ValueError, match="topk-density. must be in"):
+    with pytest.raises(ValueError, match=r"topk-density. must be in"):
         mock_strategy(compression="topk", topk_density=0.0)

@@ -137,7 +137,7 @@ def test_evaluation_replies_out_of_range_are_rejected(metrics: dict, why: str) -
 
 def test_the_last_trained_round_goes_out_and_state_events_come_back() -> None:
     grid = LocalGrid(directory_app({1: ["a"]}), [{}], {})
-    strategy = mock_strategy(num_rounds=3)
+    strategy = mock_strategy(num_server_rounds=3)
     body = ArrayRecord(strategy.outer.tensors())
     [first] = strategy.configure_train(1, body, ConfigRecord(), grid)
     assert first.content.config_records[keys.CONFIG][keys.LAST_TRAINED] == -1

@@ -195,7 +195,7 @@ def test_removing_any_one_source_moves_the_sum_by_at_most_the_clip() -> None:
 
 
 def test_under_dp_the_checks_against_the_others_are_off_and_said(project_log) -> None:
-    strategy = _strategy(CentralPrivacy(noise_multiplier=1.0), num_rounds=2)
+    strategy = _strategy(CentralPrivacy(noise_multiplier=1.0), num_server_rounds=2)
     defences = strategy.settings.defences
     assert (defences.update_norm_factor, defences.flatness_factor, defences.direction_factor) == (
         0.0,

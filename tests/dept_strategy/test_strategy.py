@@ -135,7 +135,7 @@ def test_unreadable_arrays_and_inflated_weights_are_rejected_not_fatal() -> None
 def test_replies_are_credited_by_message_and_silence_is_reported() -> None:
     # Prepare: node 1 serves a and c, node 2 serves b, node 3 serves d
     grid = LocalGrid(directory_app({1: ["a", "c"], 2: ["b"], 3: ["d"]}), [{}] * 3, {})
-    strategy = mock_strategy(num_rounds=4)
+    strategy = mock_strategy(num_server_rounds=4)
     body = ArrayRecord(strategy.outer.tensors())
     sent = list(strategy.configure_evaluate(4, body, ConfigRecord(), grid))
     for i, msg in enumerate(sent):  # what the grid does when it pushes them
@@ -166,7 +166,7 @@ def test_replies_are_credited_by_message_and_silence_is_reported() -> None:
 
 def test_a_reply_for_another_source_is_rejected() -> None:
     grid = LocalGrid(directory_app({1: ["a"]}), [{}], {})
-    strategy = mock_strategy(num_rounds=1)
+    strategy = mock_strategy(num_server_rounds=1)
     [msg] = strategy.configure_evaluate(
         1, ArrayRecord(strategy.outer.tensors()), ConfigRecord(), grid
     )
@@ -183,7 +183,7 @@ def test_a_reply_for_another_source_is_rejected() -> None:
 
 def test_first_and_last_rounds_evaluate_every_source() -> None:
     grid = LocalGrid(directory_app({1: ["a", "b"], 2: ["c", "d"]}), [{}] * 2, {})
-    strategy = mock_strategy(fraction_evaluate=0.25, num_rounds=3)
+    strategy = mock_strategy(fraction_evaluate=0.25, num_server_rounds=3)
     body = ArrayRecord(strategy.outer.tensors())
     counts = [
         len(list(strategy.configure_evaluate(r, body, ConfigRecord(), grid))) for r in range(4)
