@@ -16,6 +16,7 @@ and TRIM and stays with the source for SPEC and SPEC-OPT.
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
@@ -251,7 +252,8 @@ class SourceClient:
             )
             return self._with_drift(result, arrays, server_round, attempt) if drift else result
         ranks = ranks or OneProcess()
-        # AdamW's moments change in place (consume)
+        # 1. the source's state of the last round the server took, and its model: θ as sent
+        #    with the node's own φ_k (AdamW's moments change in place: consumed)
         found = self.state(server_round, attempt, consume=True, last_trained=last_trained)
         event = self.state_event(found, server_round, last_trained)
         state = found.state
@@ -262,19 +264,13 @@ class SourceClient:
         optimizer = make_inner_optimizer(model, self.cfg)  # after wrap: FSDP shards in place
         if state is not None and state.optimizer is not None and self.cfg.keep_inner_optimizer:
             ranks.load_optimizer(optimizer, state.optimizer)
+        # 2. the local steps, on the source's stream from where its last round stopped
         position = replace(state.position) if state is not None else StreamPosition()
-        batches = training_batches(
-            self.tokens.train, self.cfg.seq_len, self.cfg.batch_size, self.cfg.seed, position
-        )
-        if self.vocab_map is not None:
-            batches = (self.vocab_map.to_local(b) for b in batches)
         seen = SeenTokens(self.vocab_size) if self.variant.shares_embeddings else None
-        if seen is not None:  # every rank counts whole batches, before its share is cut
-            batches = seen.watch(batches)
         stats = train_local(
             trained,
             optimizer,
-            ranks.shard(batches),
+            ranks.shard(self._batches(position, seen)),
             self.cfg,
             start_step=global_step,
             desc=f"round {server_round} {self.spec.name}",
@@ -285,12 +281,16 @@ class SourceClient:
         )
         stats = ranks.reduce(stats)
         ranks.unshard(model)
+        # 3. Δ, and what of it travels: the φ rows (embedding-rows), compressed with error
+        #    feedback, a fragment's share
         local = shared_state(model, self.variant, self._shared_rows())
         delta = {name: base[name].float() - local[name] for name in base}
         update, rows = self._sent_update(delta, seen)
         payload, residual = self._payload(
             update, state, base, global_step, fragments, server_round=server_round, rows=rows
         )
+        # 4. the state the source's next round starts from (every rank gathers the moments:
+        #    FSDP's are shards)
         kept = ranks.optimizer_state(optimizer) if self.cfg.keep_inner_optimizer else None
         if ranks.writes:
             self.ws.save_state(
@@ -310,6 +310,17 @@ class SourceClient:
             )
         result = RoundResult(delta, payload, stats, event, metrics=self._row_sizes(delta, seen))
         return self._with_drift(result, base, server_round, attempt) if drift else result
+
+    def _batches(self, position: StreamPosition, seen: SeenTokens | None) -> Iterator[np.ndarray]:
+        """The source's training batches from ``position`` on (advancing it), in local rows
+        where it has a V_k, each counted into ``seen`` as it is handed out (on every rank,
+        whole, before its share is cut)."""
+        batches = training_batches(
+            self.tokens.train, self.cfg.seq_len, self.cfg.batch_size, self.cfg.seed, position
+        )
+        if self.vocab_map is not None:
+            batches = (self.vocab_map.to_local(b) for b in batches)
+        return seen.watch(batches) if seen is not None else batches
 
     def _freeze_unseen(
         self, model: PreTrainedModel, seen: SeenTokens | None
