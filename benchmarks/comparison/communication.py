@@ -64,16 +64,23 @@ def coded_bytes(numel: int, compression: str) -> int:
     return numel + math.ceil(numel / BLOCK) * FLOAT32  # int8 codes + a float32 scale per block
 
 
-def theory(cfg: DeptConfig, compression: str, shared_rows: int) -> tuple[int, int]:
+def theory(
+    cfg: DeptConfig, compression: str, shared_rows: int, sent_rows: float | None = None
+) -> tuple[float, float]:
     """(down, up) bytes per client of the tensors a variant shares; ``shared_rows``: the φ
-    rows it sends (TRIM: |V_k|; GLOB: the whole vocabulary)."""
+    rows it is sent (TRIM: |V_k|; GLOB: the whole vocabulary); ``sent_rows``: the rows it
+    sends back under ``embedding-rows=seen`` (those its round saw), each with its int32 id
+    and occurrence count; by default all it was sent, with ids for TRIM's."""
     tensors, embedding_names = initial_tensors(cfg)
     width = model_width(cfg.model)
-    sizes = [t.numel() for n, t in tensors.items() if n not in embedding_names]
-    sizes += [shared_rows * width] * len(embedding_names)
-    down = sum(sizes) * FLOAT32
-    up = sum(coded_bytes(n, compression) for n in sizes)
-    if variant(cfg.variant).embeddings == "rows":
+    body = [t.numel() for n, t in tensors.items() if n not in embedding_names]
+    down = (sum(body) + shared_rows * width * len(embedding_names)) * FLOAT32
+    up_rows = shared_rows if sent_rows is None else sent_rows
+    sizes = body + [round(up_rows * width)] * len(embedding_names)
+    up = float(sum(coded_bytes(n, compression) for n in sizes))
+    if sent_rows is not None:
+        up += sent_rows * 2 * FLOAT32  # the rows' int32 ids and counts
+    elif variant(cfg.variant).embeddings == "rows":
         up += shared_rows * FLOAT32  # the rows' int32 ids
     return down, up
 
@@ -91,9 +98,12 @@ def measure(run_config: dict[str, Any], ddp_steps: int) -> dict[str, Any]:
     factor = 1 if cfg.tie_embeddings else 2
     rows = [s["embedding_params"] // (width * factor) for s in summary["sources"].values()]
     shared = {"all": cfg.global_vocab_size, "rows": sum(rows) / len(rows) - 1}  # "other" row
-    down, up = theory(
-        cfg, cfg_compression(cfg), int(shared.get(variant(cfg.variant).embeddings, 0))
-    )
+    sharing = variant(cfg.variant).embeddings
+    sent = None
+    if sharing != "none" and cfg.embedding_rows == "seen":
+        seen = [s["embedding_rows_seen"] for s in first["sources"].values()]
+        sent = sum(seen) / len(seen)
+    down, up = theory(cfg, cfg_compression(cfg), int(shared.get(sharing, 0)), sent)
     emb = sum(s["embedding_params"] for s in summary["sources"].values()) / clients
     ddp = 2 * (summary["body_params"] + emb) * FLOAT32 * ddp_steps
     comm = summary["comm"]
