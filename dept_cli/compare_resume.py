@@ -1,8 +1,10 @@
 """Resuming a comparison: a run's folder says which run config it ran (``plan.json``), so a
 comparison stopped part way (Ctrl-C, a reboot) picks up where it was when the same command
 runs again, and a changed command runs afresh. A key added to the run config since a run
-was planned counts as its default there: a new key's default keeps the old behaviour, so a
-comparison spread over sessions is not run again for every key added between them."""
+was planned counts as the behaviour the run had before the key existed: its default, unless
+the key came with a new default (``embedding-rows``), so a comparison spread over
+sessions is not run again for every key added between them, and a run of the old behaviour
+is never taken for one of the new."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from dept.config import DeptConfig, to_run_config
+from dept.model.variants import variant
 from dept_cli.compare_plan import Plan
 from server_app.report import dumps
 
@@ -41,6 +44,13 @@ def finished_result(plan: Plan) -> dict[str, Any] | None:
     return result
 
 
+# GLOB and TRIM sent every φ row each round until ``embedding-rows`` came (default ``seen``)
+ROWS_BEFORE_THE_KEY = "all"
+
+
 def _with_defaults(run_config: dict[str, Any]) -> dict[str, Any]:
-    """``run_config`` with every key it lacks at today's default (JSON-normalised)."""
-    return {**json.loads(dumps(to_run_config(DeptConfig()))), **run_config}
+    """``run_config`` with every key it lacks at the behaviour it ran (JSON-normalised)."""
+    filled = {**json.loads(dumps(to_run_config(DeptConfig()))), **run_config}
+    if "embedding-rows" not in run_config and variant(filled["variant"]).shares_embeddings:
+        filled["embedding-rows"] = ROWS_BEFORE_THE_KEY
+    return filled

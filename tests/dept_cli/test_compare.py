@@ -12,7 +12,7 @@ import pytest
 
 from dept.config import ConfigError, DeptConfig
 from dept.data.sources import load_sources
-from dept_cli import compare
+from dept_cli import compare, compare_resume
 from dept_cli.comparison_report import render_markdown
 from dept_cli.methods import METHODS
 from dept_cli.text_budget import TextRates
@@ -144,6 +144,24 @@ def test_a_stopped_comparison_reuses_finished_runs_of_the_same_plan(
     assert ran == [0.02], "a key added since the plan counts at its default there"
     assert compare.main([*argv, "-c", "weight-decay=0.0"]) == 0
     assert ran == [0.02, 0.01, 0.02], "another run config runs everything afresh"
+
+
+def test_a_glob_run_planned_before_embedding_rows_is_not_taken_for_one_of_seen_rows(
+    tmp_path: Path,
+) -> None:
+    # Prepare: a finished GLOB and STD run, planned before the key existed
+    args = _args(tmp_path, "--methods", "glob,std-0", "--lrs", "0.01")
+    plans = {}
+    for plan in compare.make_plans(args, compare.base_config(args, tmp_path), tmp_path):
+        Path(plan.out_dir).mkdir(parents=True)
+        older = json.loads(compare_resume.dumps(plan.run_config))
+        assert older.pop("embedding-rows") == "seen"
+        (Path(plan.out_dir) / compare_resume.PLAN_FILE).write_text(json.dumps(older))
+        (Path(plan.out_dir) / compare_resume.RESULT_FILE).write_text("{}")
+        plans[plan.method] = plan
+    # Execute, Assert: GLOB sent every row then; STD's φ never travelled
+    assert compare_resume.finished_result(plans["glob"]) is None
+    assert compare_resume.finished_result(plans["std-0"]) == {}
 
 
 def test_help_shows_every_default_and_how_the_budget_becomes_rounds() -> None:
