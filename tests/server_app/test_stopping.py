@@ -1,7 +1,7 @@
-"""``dept run`` on the real runtime: two runs at once, each on its own SuperLink, both
-finish; Ctrl-C and SIGTERM mid-round stop every process of a run and leave it resumable,
-in the foreground as in the background (``nohup dept run ... &``, no terminal);
-``--resume`` finishes it, each round once."""
+"""``dept run`` on the real runtime: Ctrl-C and SIGTERM mid-round stop every process of a
+run and leave it resumable, in the foreground as in the background (``nohup dept run ... &``,
+no terminal), while another run, on its own SuperLink, goes on to the end; ``--resume``
+finishes a stopped one, each round once."""
 
 from __future__ import annotations
 
@@ -104,19 +104,6 @@ def _finished(process: subprocess.Popen, out: Path) -> tuple[dict, str]:
 
 
 @pytest.mark.slow
-def test_two_runs_at_once_each_on_its_own_superlink(tmp_path: Path, runs: list) -> None:
-    one, two = tmp_path / "one", tmp_path / "two"
-    runs += [one, two]
-    first, second = _start(one), _start(two)
-
-    outputs = [_finished(first, one), _finished(second, two)]
-
-    assert [summary["rounds"] for summary, _ in outputs] == [ROUNDS, ROUNDS]
-    ports = {re.search(r"SuperLink on (127\.0\.0\.1:\d+)", out).group(1) for _, out in outputs}
-    assert len(ports) == 2, "each run has a SuperLink of its own"
-
-
-@pytest.mark.slow
 def test_ctrl_c_and_sigterm_mid_round_stop_the_run_and_resume_finishes_it(
     tmp_path: Path, runs: list
 ) -> None:
@@ -144,13 +131,15 @@ def test_ctrl_c_and_sigterm_mid_round_stop_the_run_and_resume_finishes_it(
 
 
 @pytest.mark.slow
-def test_sigterm_stops_a_run_started_in_the_background_without_a_terminal(
+def test_sigterm_stops_a_run_in_the_background_while_another_finishes_on_its_own_superlink(
     tmp_path: Path, runs: list
 ) -> None:
     # Prepare: what `nohup dept run ... &` in a script gives: SIGINT and SIGHUP ignored,
-    # input from /dev/null, no controlling terminal, the log in a file
-    out, log = tmp_path / "bg", tmp_path / "nohup.out"
-    runs.append(out)
+    # input from /dev/null, no controlling terminal, the log in a file; beside it, at the
+    # same time, a run in the foreground
+    out, log, other = tmp_path / "bg", tmp_path / "nohup.out", tmp_path / "other"
+    runs += [out, other]
+    foreground = _start(other)
     with log.open("w") as output:
         shell = subprocess.Popen(
             ["bash", "-c", 'nohup "$@" & wait $!', "bash", *_command(out)],
@@ -170,3 +159,10 @@ def test_sigterm_stops_a_run_started_in_the_background_without_a_terminal(
     last = log.read_text().strip().splitlines()[-1]
     assert last == _stopped_line(out, signal.SIGTERM, after_round=1), log.read_text()[-3000:]
     assert list(_their_flower_home(out)) == [], "a process of the stopped run is alive"
+    summary, printed = _finished(foreground, other)
+    assert summary["rounds"] == ROUNDS, "the other run went on"
+    ports = {
+        re.search(r"SuperLink on (127\.0\.0\.1:\d+)", text).group(1)
+        for text in (printed, log.read_text())
+    }
+    assert len(ports) == 2, "each run has a SuperLink of its own"
