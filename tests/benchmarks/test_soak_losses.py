@@ -4,16 +4,14 @@ does, every time (in process, the soak's config)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from benchmarks.soak import checks
+from benchmarks.soak.effect_sizes import LOSSES, with_loss
 from benchmarks.soak.reference import node_configs
 from client_app.app import app as client_app
-from dept.state.workspace import FoundState
-from dept.train import source_client
 from server_app.federation import run_federation
 from server_app.local_grid import LocalGrid
 from tests.helpers import share_cache
@@ -47,40 +45,19 @@ def twin(tmp_path_factory: pytest.TempPathFactory, node_cache: Path) -> Path:
     return _run(tmp_path_factory.mktemp("twin"), node_cache)
 
 
-def _drop_moments(found: FoundState) -> None:
-    assert found.state is not None
-    found.state.optimizer = None
-
-
-def _skip_data(found: FoundState) -> None:
-    assert found.state is not None
-    found.state.position.offset += 64 * CONFIG["batch-size"]
-
-
 @pytest.mark.parametrize(
-    ("loss", "caught"), [(None, False), (_drop_moments, True), (_skip_data, True)]
+    ("loss", "caught"), [(None, False), ("no-moments", True), ("skip-data", True)]
 )
 def test_a_loss_no_record_explains_breaks_the_check_and_an_honest_run_does_not(
-    tmp_path: Path,
-    node_cache: Path,
-    monkeypatch: pytest.MonkeyPatch,
-    twin: Path,
-    loss: Callable[[FoundState], None] | None,
-    caught: bool,
+    tmp_path: Path, node_cache: Path, twin: Path, loss: str | None, caught: bool
 ) -> None:
     # Prepare: latin's node, restarted before round 3, goes on without what ``loss`` takes
-    if loss is not None:
-        found_state = source_client.SourceClient.state
-
-        def lossy(self, before_round, attempt=None, consume=False, last_trained=None):
-            found = found_state(self, before_round, attempt, consume, last_trained)
-            if self.spec.name == "latin" and before_round == 3 and consume:
-                loss(found)
-            return found
-
-        monkeypatch.setattr(source_client.SourceClient, "state", lossy)
+    undo = with_loss(LOSSES[loss], "latin", 3, stretch=64) if loss else (lambda: None)
     # Execute
-    run = _run(tmp_path, node_cache)
+    try:
+        run = _run(tmp_path, node_cache)
+    finally:
+        undo()
     figures, broken = checks.compare(run, twin)
     # Assert
     assert bool(broken) is caught, (figures, broken)
