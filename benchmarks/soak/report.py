@@ -27,12 +27,18 @@ def by_kind(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     return table
 
 
-def render(result: dict[str, Any]) -> str:
+def kind_table(kinds: dict[str, dict[str, Any]]) -> list[str]:
+    """:func:`by_kind`'s table as Markdown lines."""
     lines = ["| fault | n | recovered | median s | max s | rounds lost |", "|---" * 6 + "|"]
-    for kind, row in result["by_kind"].items():
+    for kind, row in kinds.items():
         cells = [kind, *(row[k] for k in ("faults", "recovered", "median_recovery_s"))]
         cells += [row["max_recovery_s"], row["rounds_lost"]]
         lines.append("| " + " | ".join("–" if c is None else str(c) for c in cells) + " |")
+    return lines
+
+
+def render(result: dict[str, Any]) -> str:
+    lines = kind_table(result["by_kind"])
     final = result["final"]
     lines.append(
         f"final avg bpb {final['avg_val_bpb']:.4f}, its twin's {final['twin_avg_val_bpb']:.4f} "
@@ -53,3 +59,48 @@ def write(result: dict[str, Any], out: Path) -> None:
         writer = csv.DictWriter(handle, fieldnames=COLUMNS)
         writer.writeheader()
         writer.writerows(result["faults"])
+
+
+def many(results: list[dict[str, Any]]) -> str:
+    """Several soaks side by side (one row per soak: its seed, faults, final figure against
+    its twin's, wall time, checks), then their faults pooled by kind: what a reader needs to
+    see that an honest soak passes every time, not once."""
+    lines = [
+        "| seed | faults | kinds | final avg bpb | twin's | gap | body rel. L2 | wall s | checks |",
+        "|---" * 9 + "|",
+    ]
+    for result in results:
+        final, broken = result["final"], [k for k, v in result["checks"].items() if v]
+        cells = [
+            result["options"]["seed"],
+            len(result["faults"]),
+            len(result["by_kind"]),
+            f"{final['avg_val_bpb']:.4f}",
+            f"{final['twin_avg_val_bpb']:.4f}",
+            f"{final['relative_bpb_gap']:+.4%}",
+            f"{final['body_relative_l2']:.1e}",
+            f"{result['wall_s']:.0f}",
+            "hold" if not broken else "FAILED: " + ", ".join(broken),
+        ]
+        lines.append("| " + " | ".join(str(c) for c in cells) + " |")
+    passed = sum(not any(r["checks"].values()) for r in results)
+    lines += ["", f"{passed} of {len(results)} soaks pass every check.", ""]
+    lines += kind_table(by_kind([f for r in results for f in r["faults"]]))
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m benchmarks.soak.report OUT...``: soaks' folders (``--out`` of each), side
+    by side, as Markdown."""
+    import sys
+
+    folders = [Path(a) for a in (sys.argv[1:] if argv is None else argv)]
+    if not folders:
+        raise SystemExit("usage: python -m benchmarks.soak.report SOAK_OUT [SOAK_OUT ...]")
+    results = [json.loads((f / "fault_soak.json").read_text()) for f in folders]
+    print(many(results), end="")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

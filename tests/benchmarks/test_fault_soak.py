@@ -179,6 +179,29 @@ def test_the_table_counts_recoveries_and_lost_rounds() -> None:
     assert table["partition"]["recovered"] == 0 and table["partition"]["max_recovery_s"] is None
 
 
+def test_many_soaks_show_each_one_and_their_faults_pooled_by_kind() -> None:
+    def soak(seed: int, gap: float, broken: list[str]) -> dict:
+        faults = [{"kind": "worker-kill", "recovery_s": 5.0 + seed, "rounds_lost": seed}]
+        final = {"avg_val_bpb": 2.0, "twin_avg_val_bpb": 2.0 - gap, "relative_bpb_gap": gap}
+        return {
+            "options": {"seed": seed},
+            "faults": faults,
+            "by_kind": soak_report.by_kind(faults),
+            "final": {**final, "body_relative_l2": 0.0},
+            "wall_s": 100.0,
+            "checks": {"result": broken, "leftovers": []},
+        }
+
+    text = soak_report.many([soak(1, 0.0, []), soak(2, 0.01, ["bits per byte differ"])])
+
+    rows = [
+        line for line in text.splitlines() if line.startswith("| 1 |") or line.startswith("| 2 |")
+    ]
+    assert rows[0].endswith("| hold |") and "+1.0000%" in rows[1] and "FAILED: result" in rows[1]
+    assert "1 of 2 soaks pass every check." in text
+    assert "| worker-kill | 2 | 2 | 6.5 | 7.0 | 3 |" in text
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(1500)  # the soak's own limit (timeout_s) comes first, then its checks
 def test_a_short_soak_of_ten_faults_loses_nothing(tmp_path: Path) -> None:
