@@ -52,7 +52,8 @@ def build_structured(schema_cls: type[T], layers: list[dict[str, Any]], where: s
         for layer in layers:
             unknown = sorted(k for k in layer if "_" in k or snake(k) not in known)
             if unknown:
-                raise ConfigError(f"{where}: {_unknown_keys(unknown, known)}")
+                listed = schema_cls is DeptConfig
+                raise ConfigError(f"{where}: {_unknown_keys(unknown, known, listed)}")
             _refuse_quoted_numbers(layer, types, where)
             schema = OmegaConf.merge(schema, {snake(k): v for k, v in layer.items()})
         obj = OmegaConf.to_object(schema)
@@ -64,15 +65,17 @@ def build_structured(schema_cls: type[T], layers: list[dict[str, Any]], where: s
     return obj
 
 
-def _unknown_keys(unknown: list[str], known: set[str]) -> str:
+def _unknown_keys(unknown: list[str], known: set[str], run_config: bool) -> str:
     """What is wrong with ``unknown``: the closest known key of each where one is near
-    (``num-server-round``: did you mean ``num-server-rounds``?), else where to find them."""
+    (``num-server-round``: did you mean ``num-server-rounds``?), and where the keys are: the
+    run config's in ``dept run --help``; a smaller schema's (a source's, a node's), named."""
     names = sorted(kebab(k) for k in known)
     guesses = [
         f"{k} (did you mean {close[0]}?)" if (close := get_close_matches(kebab(k), names, 1)) else k
         for k in unknown
     ]
-    return f"unknown key(s) {', '.join(guesses)}; keys are kebab-case, listed by dept run --help"
+    where = "listed by dept run --help" if run_config else f"one of: {', '.join(names)}"
+    return f"unknown key(s) {', '.join(guesses)}; keys are kebab-case, {where}"
 
 
 def _refuse_quoted_numbers(layer: dict[str, Any], types: dict[str, Any], where: str) -> None:

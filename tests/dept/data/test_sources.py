@@ -121,6 +121,11 @@ def test_a_node_answers_with_the_bad_file(tmp_path: Path) -> None:
             b"- name: a\n  path: x\n  vocab-size: abc\n",
             ": source 'a' key 'vocab-size' is the string 'abc'; write it as a number",
         ),
+        (
+            b"- name: a\n  path: x\n  vocab_size: 512\n  tokenzier: y\n",
+            ": source 'a': unknown key(s) tokenzier, vocab_size (did you mean vocab-size?); "
+            "keys are kebab-case, one of: config, max-train-bytes, name, ",
+        ),
     ],
 )
 def test_bad_sources_files_name_the_file(tmp_path: Path, content: bytes, problem: str) -> None:
