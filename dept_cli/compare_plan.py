@@ -17,8 +17,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from flwr.common.config import parse_config_args
-
 from dept.config import ConfigError, DeptConfig, load_config, to_run_config
 from dept.data.sources import SourceSpec, load_sources, run_sources, write_sources
 from dept.model.variants import VARIANTS
@@ -26,6 +24,7 @@ from dept.paths import resolve_path
 from dept_cli.methods import vocab_sizes
 from dept_cli.seeds import run_folder
 from dept_cli.text_budget import TextRates, stream_bytes_per_token
+from server_app.config_pairs import parse_pairs
 
 log = logging.getLogger(__name__)
 COMPARED_SOURCES = "compared-sources.yaml"  # in --out: the sources every run reads
@@ -104,7 +103,7 @@ def base_config(args: argparse.Namespace, out: Path) -> DeptConfig:
     sources_file = out / COMPARED_SOURCES
     write_sources(sources_file, specs)
     rounds = rounds_for(args.tokens, len(specs), args.local_steps, args.batch_size, args.seq_len)
-    overrides = parse_config_args(args.run_config)
+    overrides = parse_pairs(args.run_config, "-c")
     own = sorted(k for k in overrides if k in OWN_KEYS)
     if own:
         raise ConfigError(

@@ -49,7 +49,7 @@ EXAMPLES = """examples:
   dept run                                  # the default federation, offline
   dept run -c "variant='spec' model='debug'"
   dept models
-  dept prepare --node-config "source=de path=/data/de"   # tokenize before the run
+  dept prepare --node-config "source='de' path='/data/de'"   # tokenize before the run
   dept export outputs/dept --source synth-greek --out models/synth-greek
   dept run --help                           # every subcommand has its own help
 """

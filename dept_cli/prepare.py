@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import click
-from flwr.common.config import parse_config_args
 
 from client_app.node import node_setup, served_sources
 from dept.cli_help import HelpFormatter, add_run_config_option, plain
@@ -25,13 +24,14 @@ from dept.config import ConfigError, DeptConfig, load_config
 from dept.data.sources import SourceSpec
 from dept.state.workspace import cache_dir
 from dept.train.prepare import PreparedSource, prepare_source
+from server_app.config_pairs import parse_pairs
 from server_app.launch import absolute_paths, app_defaults, project_dir
 
 ALL_SOURCES = {"partition-id": 0, "num-partitions": 1}  # one simulated node serving every source
 EXAMPLES = """examples:
   dept prepare                                        # every source of the default run
   dept prepare -c "sources-file='my-sources.yaml' variant='spec-opt'" --source de-novels
-  dept prepare -c "variant='spec-opt'" --node-config "source=de path=/data/de state-dir=/state"
+  dept prepare --node-config "source='de' path='/data/de' state-dir='/state'"
 """
 
 
@@ -83,7 +83,7 @@ def run_config(overrides: list[str]) -> DeptConfig:
     """The config a run started with these ``-c`` overrides would have."""
     app = project_dir()
     defaults = app_defaults(app)
-    return load_config(defaults, overrides=absolute_paths(parse_config_args(overrides)))
+    return load_config(defaults, overrides=absolute_paths(parse_pairs(overrides, "-c")))
 
 
 def prepare_node(
@@ -111,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     try:
         cfg = run_config(args.run_config)
-        node_config = parse_config_args([args.node_config]) if args.node_config else {}
+        node_config = parse_pairs([args.node_config], "--node-config") if args.node_config else {}
         for prepared in prepare_node(
             cfg, node_config or {"partition-id": 0, "num-partitions": 1}, args.source
         ):

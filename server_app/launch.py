@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import IO, Any
 
 import click
-from flwr.common.config import parse_config_args
 
 from dept.cli_help import add_run_config_option
 from dept.config import ConfigError, config_keys, load_config
@@ -29,6 +28,7 @@ from dept.model.families import model_choice
 from dept.paths import default_state_root, resolve_path
 from dept.state.disks import disk_note
 from dept.state.lock import check_folder_free, release_lock
+from server_app.config_pairs import parse_pairs
 from server_app.local_runtime import HTTP_PORT_VARIABLE, LocalRuntime, Stopped, stop_signals
 from server_app.resume import RESUME_OPTIONS, check_resumable, resume_hint, resume_overrides
 from server_app.run_log import relay
@@ -238,7 +238,7 @@ def _launch(args: argparse.Namespace) -> int:
     """Check everything that can be checked here, then run ``flwr run`` on this run's own
     local runtime; the exit code says how the run ended."""
     app = (args.app or project_dir()).resolve()
-    given = parse_config_args(args.run_config)
+    given = parse_pairs(args.run_config, "-c")
     if args.resume:
         overrides = resume_overrides(args.resume.resolve(), absolute_paths(given))
     else:
