@@ -30,7 +30,13 @@ from dept.state.disks import disk_note
 from dept.state.lock import check_folder_free, release_lock
 from server_app.config_pairs import parse_pairs
 from server_app.local_runtime import HTTP_PORT_VARIABLE, LocalRuntime, Stopped, stop_signals
-from server_app.resume import RESUME_OPTIONS, check_resumable, resume_hint, resume_overrides
+from server_app.resume import (
+    RESUME_OPTIONS,
+    check_no_earlier_run,
+    check_resumable,
+    resume_hint,
+    resume_overrides,
+)
 from server_app.run_log import relay
 from server_app.run_status import DEBUG_VARIABLE, STATUS_FILE, one_line, read_status
 from server_app.sizing import (
@@ -208,6 +214,12 @@ def build_parser() -> argparse.ArgumentParser:
         f"change only {', '.join(sorted(RESUME_OPTIONS))}",
     )
     parser.add_argument(
+        "--force",
+        action="store_true",
+        help="start a new run in an OUTPUT_DIR that holds one already (its checkpoints are "
+        "replaced; default: refused)",
+    )
+    parser.add_argument(
         "--keep-superlink",
         action="store_true",
         help="leave this run's local SuperLink running after the run (default: stop it)",
@@ -250,6 +262,8 @@ def _launch(args: argparse.Namespace) -> int:
     check_folder_free(out_dir)  # usable, and no other run in it
     if cfg.resume:
         check_resumable(cfg, out_dir)
+    else:
+        check_no_earlier_run(out_dir, args.force)
     check_fits_here(cfg, sources)
     num_nodes = args.num_supernodes or len(sources)
     visible = visible_gpus(cfg)

@@ -55,6 +55,24 @@ def check_resumable(cfg: DeptConfig, out_dir: Path) -> None:
     check_same_run(cfg, saved[1])
 
 
+def check_no_earlier_run(out_dir: Path, force: bool) -> None:
+    """A new run (not ``--resume``) would write over the checkpoints of one already in
+    ``out_dir``, finished or stopped, and its resume line would point at the mix: refused
+    in one line, unless ``force`` (``dept run --force``)."""
+    saved = saved_run_config(out_dir)
+    if saved is None or force:
+        return
+    finished = (out_dir / "summary.json").is_file() and saved[0] == saved[1].get(
+        "num-server-rounds"
+    )
+    held = "a finished run" if finished else f"a run checkpointed after round {saved[0]}"
+    go_on = "" if finished else f" (dept run --resume {_shown(out_dir)} continues it)"
+    raise ConfigError(
+        f"output-dir {_shown(out_dir)} holds {held}{go_on}; choose another output-dir, or "
+        "start over in it with --force"
+    )
+
+
 def resume_hint(out_dir: Path) -> str:
     """How to go on with the run in ``out_dir``, or "" when it holds no checkpoint."""
     saved = saved_run_config(out_dir)

@@ -133,3 +133,27 @@ def test_resume_true_with_other_settings_names_them(tmp_path: Path) -> None:
     changed = load_config(debug_run_config(tmp_path, **{"local-steps": 9}))
     with pytest.raises(ConfigError, match=r"'resume': local-steps differ .*\(local-steps=7\)"):
         check_resumable(changed, tmp_path / "run")
+
+
+def test_a_new_run_into_a_folder_holding_one_is_refused_unless_forced(
+    tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Prepare: a run stopped after round 1, and one finished (2 rounds, its summary written)
+    stopped, finished = tmp_path / "stopped", tmp_path / "finished"
+    _checkpointed(stopped)
+    _checkpointed(finished, **{"num-server-rounds": 1})
+    (finished / "summary.json").write_text("{}")
+    # Execute, Assert: refused in one line, each saying what it holds and how to go on
+    err = _refused(capsys, f"output-dir='{stopped}'")
+    assert f"output-dir {stopped} holds a run checkpointed after round 1 (dept run --resume" in err
+    assert err.rstrip().endswith("choose another output-dir, or start over in it with --force")
+    err = _refused(capsys, f"output-dir='{finished}'", "num-server-rounds=1")
+    assert f"output-dir {finished} holds a finished run; choose another" in err
+    # --force goes past the check, to the next one (stopped here)
+    monkeypatch.setattr("server_app.launch.check_fits_here", _stop_here)
+    assert dept_run(["--force", "-c", f"output-dir='{stopped}'"]) == 1
+    assert "reached the next check" in capsys.readouterr().err
+
+
+def _stop_here(*args: object) -> None:
+    raise RuntimeError("reached the next check")
