@@ -54,7 +54,7 @@ def test_ablation_runs_every_cell_and_brackets_the_best_rate(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, node_cache: Path
 ) -> None:
     sources = synthetic_sources(tmp_path, "latin", "greek")
-    monkeypatch.setattr(ablation.compare.os, "cpu_count", lambda: 1)  # one thread, as tests use
+    monkeypatch.setattr(ablation.compare.os, "sched_getaffinity", lambda pid: {0})  # one thread
     out = tmp_path / "out"
     share_cache(out / "state", node_cache)
     # fmt: off

@@ -77,7 +77,10 @@ def test_update_sizes_come_from_the_rounds_that_sent_rows(tmp_path: Path) -> Non
 
 
 @pytest.mark.slow
-def test_two_cells_run_end_to_end_and_reuse_what_finished(tmp_path: Path, node_cache: Path) -> None:
+def test_two_cells_run_end_to_end_and_reuse_what_finished(
+    tmp_path: Path, node_cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(embedding_rows.compare.os, "sched_getaffinity", lambda pid: {0})  # 1 thread
     sources = synthetic_sources(tmp_path, "latin", "greek")
     out = tmp_path / "out"
     share_cache(out / "state", node_cache)

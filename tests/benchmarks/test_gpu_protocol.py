@@ -39,7 +39,7 @@ def test_the_smoke_protocol_runs_on_a_cpu(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, node_cache: Path
 ) -> None:
     sources = synthetic_sources(tmp_path, "latin", "greek")
-    monkeypatch.setattr(compare.os, "cpu_count", lambda: 1)
+    monkeypatch.setattr(compare.os, "sched_getaffinity", lambda pid: {0})
     out = tmp_path / "out"
     share_cache(out / "state", node_cache)
     # fmt: off
