@@ -31,16 +31,11 @@ from dept.state.workspace import FoundState
 from dept.train import source_client
 from server_app.federation import run_federation
 from server_app.local_grid import LocalGrid
+from tests.deploy.loopback import DEBUG_TRAINING
 
 SOURCES = ("latin", "cyrillic", "greek", "georgian")
-BATCH_SIZE = 4
-CONFIG: dict[str, Any] = {  # the soak's run config (tests/deploy/loopback.run_config), in process
-    "model": "debug",
-    "seq-len": 32,
-    "batch-size": BATCH_SIZE,
-    "local-steps": 4,
-    "warmup-steps": 1,
-    "eval-bytes": 2048,
+CONFIG: dict[str, Any] = {  # the soak's run config, in process
+    **DEBUG_TRAINING,
     "num-server-rounds": 8,
     "fraction-evaluate": 0.0,
     "wait-for-nodes-s": 30.0,
@@ -56,12 +51,12 @@ def _no_moments(found: FoundState, stretch: int) -> None:
 
 def _skip_data(found: FoundState, stretch: int) -> None:
     assert found.state is not None
-    found.state.position.offset += stretch * BATCH_SIZE
+    found.state.position.offset += stretch * int(CONFIG["batch-size"])
 
 
 def _replay_data(found: FoundState, stretch: int) -> None:
     assert found.state is not None
-    offset = found.state.position.offset - stretch * BATCH_SIZE
+    offset = found.state.position.offset - stretch * int(CONFIG["batch-size"])
     found.state.position.offset = max(0, offset)
 
 

@@ -14,16 +14,12 @@ from benchmarks.soak.reference import node_configs
 from client_app.app import app as client_app
 from server_app.federation import run_federation
 from server_app.local_grid import LocalGrid
+from tests.deploy.loopback import DEBUG_TRAINING
 from tests.helpers import share_cache
 
 SOURCES = ("latin", "greek")
-CONFIG = {  # tests/deploy/loopback.run_config's, as the soak trains
-    "model": "debug",
-    "seq-len": 32,
-    "batch-size": 4,
-    "local-steps": 4,
-    "warmup-steps": 1,
-    "eval-bytes": 2048,
+CONFIG = {  # as the soak trains
+    **DEBUG_TRAINING,
     "num-server-rounds": 4,
     "fraction-evaluate": 0.0,
     "wait-for-nodes-s": 10.0,

@@ -32,15 +32,22 @@ LOG_POLL_S = 0.5
 SERVER_DONE = r"summary written to|validation bits per byte"  # the ServerApp's last lines
 
 
+# What a short ``debug`` federation trains, deployed (run_config) or in process (the soak's
+# twin and effect sizes): the same numbers either way
+DEBUG_TRAINING: dict[str, object] = {
+    "model": "debug",
+    "seq-len": 32,
+    "batch-size": 4,
+    "local-steps": 4,
+    "warmup-steps": 1,
+    "eval-bytes": 2048,
+}
+
+
 def run_config(out: Path, **overrides: object) -> str:
     """``flwr run --run-config`` text for a short ``debug`` federation writing to ``out``."""
     config: dict[str, object] = {
-        "model": "debug",
-        "seq-len": 32,
-        "batch-size": 4,
-        "local-steps": 4,
-        "warmup-steps": 1,
-        "eval-bytes": 2048,
+        **DEBUG_TRAINING,
         "num-server-rounds": 3,
         "wait-for-nodes-s": 90.0,
         "round-timeout-s": 120.0,
