@@ -13,7 +13,8 @@ go to ``--jobs`` worker processes with the CPU threads split between them; a run
 crashes is reported in the table with its error, never dropped; every log line of a run
 starts with its label (e.g. [spec-opt lr 0.004]) and goes to its runs/<method>-lr<rate>/run.log.
 A comparison stopped part way resumes when run again with the same command: a run whose
-folder holds a finished result of the same run config is reused, any other is run afresh.
+folder holds a finished result of the same run config is reused, a federated run of the same
+run config stopped part way goes on from its last checkpoint, any other is run afresh.
 
 Vocabularies: STD, ACT, GLOB, TRIM and SPEC use one global tokenizer of --global-vocab-size;
 SPEC-OPT trains each source its own of the source's vocab-size. A source whose entry gives
@@ -59,7 +60,7 @@ from dept_cli.compare_plan import (
     prepare,
     rounds_for,
 )
-from dept_cli.compare_resume import RESULT_FILE, finished_result, record_plan
+from dept_cli.compare_resume import RESULT_FILE, finished_result, record_plan, stopped_after
 from dept_cli.comparison_report import best_per_method, size_range, write_report
 from dept_cli.in_process import federate_in_process
 from dept_cli.methods import BASELINES, FEDERATED, METHODS
@@ -115,16 +116,22 @@ def run_plan(plan: Plan) -> dict[str, Any]:
     finished = finished_result(plan)
     if finished is not None:
         return finished
+    resumed_after = stopped_after(plan)
     record_plan(plan)
     started = time.perf_counter()
     with run_logging(plan.label, out / "run.log"):
         try:
-            result = _run_federated(plan) if plan.method in FEDERATED else _run_baseline(plan)
+            if plan.method in FEDERATED:
+                result = _run_federated(plan, resumed_after is not None)
+            else:
+                result = _run_baseline(plan)
         except Exception as exc:  # reported in the table, with the traceback in run.log
             log.exception("crashed")
             result = {"error": f"{type(exc).__name__}: {exc}".splitlines()[0][:300]}
             traceback.print_exc(file=(out / "error.txt").open("w"))
     result.update(method=plan.method, lr=plan.lr, wall_s=time.perf_counter() - started)
+    if resumed_after is not None:  # wall_s is then this invocation's part only
+        result["resumed_after"] = resumed_after
     result.update(seed=plan.run_config["seed"])
     result.update(rounds=plan.run_config["num-server-rounds"])
     if "tokens" in result and math.isfinite(plan.bytes_per_token):
@@ -133,8 +140,8 @@ def run_plan(plan: Plan) -> dict[str, Any]:
     return result
 
 
-def _run_federated(plan: Plan) -> dict[str, Any]:
-    out = federate_in_process(plan.run_config)
+def _run_federated(plan: Plan, resume: bool) -> dict[str, Any]:
+    out = federate_in_process({**plan.run_config, "resume": resume})
     summary = json.loads((out / "summary.json").read_text())
     rounds = read_lines(out / "metrics.jsonl")
     comm = summary["comm"]

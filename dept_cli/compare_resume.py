@@ -1,6 +1,8 @@
 """Resuming a comparison: a run's folder says which run config it ran (``plan.json``), so a
 comparison stopped part way (Ctrl-C, a reboot) picks up where it was when the same command
-runs again, and a changed command runs afresh. A key added to the run config since a run
+runs again, and a changed command runs afresh. A federated run stopped part way goes on from
+its newest checkpoint (its rounds, metrics and node state are all in its folder); a baseline
+keeps no checkpoint and runs again from the start. A key added to the run config since a run
 was planned counts as the behaviour the run had before the key existed: its default, unless
 the key came with a new default (``embedding-rows``), so a comparison spread over
 sessions is not run again for every key added between them, and a run of the old behaviour
@@ -16,6 +18,8 @@ from typing import Any
 from dept.config import DeptConfig, to_run_config
 from dept.model.variants import variant
 from dept_cli.compare_plan import Plan
+from dept_cli.methods import FEDERATED
+from server_app.checkpoint import saved_run_config
 from server_app.report import dumps
 
 log = logging.getLogger(__name__)
@@ -33,15 +37,36 @@ def finished_result(plan: Plan) -> dict[str, Any] | None:
     (the same run config) to the end without an error."""
     out = Path(plan.out_dir)
     try:
-        ran = _with_defaults(json.loads((out / PLAN_FILE).read_text()))
-        same_plan = ran == _with_defaults(json.loads(dumps(plan.run_config)))
         result = json.loads((out / RESULT_FILE).read_text())
     except (OSError, ValueError):
         return None
-    if not same_plan or "error" in result:
+    if not _ran_this_plan(plan) or "error" in result:
         return None
     log.info("%s: reusing the finished run in %s", plan.label, out)
     return result
+
+
+def stopped_after(plan: Plan) -> int | None:
+    """The round after which an earlier comparison stopped this very federated plan, where
+    its folder holds a checkpoint to go on from; None where the plan runs from the start (a
+    baseline, another run config, no checkpoint)."""
+    if plan.method not in FEDERATED or not _ran_this_plan(plan):
+        return None
+    saved = saved_run_config(Path(plan.out_dir))
+    if saved is None:
+        return None
+    log.info("%s: going on after round %d in %s", plan.label, saved[0], plan.out_dir)
+    return saved[0]
+
+
+def _ran_this_plan(plan: Plan) -> bool:
+    """Whether the plan's folder records a run of the same run config (keys added since at
+    the behaviour that run had)."""
+    try:
+        ran = json.loads((Path(plan.out_dir) / PLAN_FILE).read_text())
+    except (OSError, ValueError):
+        return False
+    return _with_defaults(ran) == _with_defaults(json.loads(dumps(plan.run_config)))
 
 
 # GLOB and TRIM sent every φ row each round until ``embedding-rows`` came (default ``seen``)

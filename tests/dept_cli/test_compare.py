@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 from pathlib import Path
 
 import pytest
@@ -144,6 +145,40 @@ def test_a_stopped_comparison_reuses_finished_runs_of_the_same_plan(
     assert ran == [0.02], "a key added since the plan counts at its default there"
     assert compare.main([*argv, "-c", "weight-decay=0.0"]) == 0
     assert ran == [0.02, 0.01, 0.02], "another run config runs everything afresh"
+
+
+def test_a_federated_run_stopped_part_way_goes_on_from_its_last_checkpoint(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, node_cache: Path
+) -> None:
+    monkeypatch.setattr(compare.os, "sched_getaffinity", lambda pid: {0})
+    out = tmp_path / "out"
+    share_cache(out / "state", node_cache)
+    # fmt: off
+    argv = ["--sources-file", str(synthetic_sources(tmp_path, "latin", "greek")), "--model",
+            "debug", "--tokens", "2048", "--local-steps", "2", "--seq-len", "64", "--eval-bytes",
+            "1024", "--methods", "glob", "--lrs", "0.01", "--jobs", "1", "--out", str(out)]
+    # fmt: on
+    assert compare.main(argv) == 0
+    run = out / "runs" / "glob-lr0.01"
+    first = json.loads((run / "result.json").read_text())
+    assert first["rounds"] == 2 and "resumed_after" not in first
+    (run / "result.json").unlink()  # stopped during round 2, after its clients had trained
+    shutil.rmtree(run / "checkpoints" / "round-0002")
+    resumed = []
+    real = compare._run_federated
+    monkeypatch.setattr(
+        compare, "_run_federated", lambda plan, resume: resumed.append(resume) or real(plan, resume)
+    )
+
+    assert compare.main(argv) == 0
+    again = json.loads((run / "result.json").read_text())
+    assert resumed == [True] and again["resumed_after"] == 1
+    assert [r for r, _ in again["curve"]] == [0, 1, 2], "the curve is the whole run's"
+    assert again["sources"] == first["sources"], "going on gives the run it would have been"
+    assert again["tokens"] == first["tokens"] and again["bytes"] == first["bytes"]
+    args = compare.parse_args([*argv, "-c", "weight-decay=0.0"])
+    (changed,) = compare.make_plans(args, compare.base_config(args, out), out)
+    assert compare_resume.stopped_after(changed) is None, "another run config starts afresh"
 
 
 def test_a_glob_run_planned_before_embedding_rows_is_not_taken_for_one_of_seen_rows(
