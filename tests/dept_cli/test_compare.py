@@ -115,17 +115,25 @@ def test_the_budget_becomes_rounds_as_the_help_says(tmp_path: Path) -> None:
     assert (base.num_server_rounds, base.local_steps) == (9, 4)  # 9000 / (2 x 4 x 2 x 64) = 8.8
 
 
-def test_a_stopped_comparison_reuses_finished_runs_of_the_same_plan(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, node_cache: Path
-) -> None:
+def _small_comparison(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, node_cache: Path, methods: str, lrs: str
+) -> list[str]:
+    """The arguments of a two-round debug comparison into ``tmp_path/out``, on one thread."""
     monkeypatch.setattr(compare.os, "sched_getaffinity", lambda pid: {0})
     out = tmp_path / "out"
     share_cache(out / "state", node_cache)
     # fmt: off
-    argv = ["--sources-file", str(synthetic_sources(tmp_path, "latin", "greek")), "--model",
+    return ["--sources-file", str(synthetic_sources(tmp_path, "latin", "greek")), "--model",
             "debug", "--tokens", "2048", "--local-steps", "2", "--seq-len", "64", "--eval-bytes",
-            "1024", "--methods", "std-0", "--lrs", "0.01,0.02", "--jobs", "1", "--out", str(out)]
+            "1024", "--methods", methods, "--lrs", lrs, "--jobs", "1", "--out", str(out)]
     # fmt: on
+
+
+def test_a_stopped_comparison_reuses_finished_runs_of_the_same_plan(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, node_cache: Path
+) -> None:
+    out = tmp_path / "out"
+    argv = _small_comparison(tmp_path, monkeypatch, node_cache, "std-0", "0.01,0.02")
     assert compare.main(argv) == 0
     first = json.loads((out / "comparison.json").read_text())["sweep"]
     (out / "runs" / "std-0-lr0.02" / "result.json").unlink()  # as if stopped during that run
@@ -150,14 +158,8 @@ def test_a_stopped_comparison_reuses_finished_runs_of_the_same_plan(
 def test_a_federated_run_stopped_part_way_goes_on_from_its_last_checkpoint(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, node_cache: Path
 ) -> None:
-    monkeypatch.setattr(compare.os, "sched_getaffinity", lambda pid: {0})
     out = tmp_path / "out"
-    share_cache(out / "state", node_cache)
-    # fmt: off
-    argv = ["--sources-file", str(synthetic_sources(tmp_path, "latin", "greek")), "--model",
-            "debug", "--tokens", "2048", "--local-steps", "2", "--seq-len", "64", "--eval-bytes",
-            "1024", "--methods", "glob", "--lrs", "0.01", "--jobs", "1", "--out", str(out)]
-    # fmt: on
+    argv = _small_comparison(tmp_path, monkeypatch, node_cache, "glob", "0.01")
     assert compare.main(argv) == 0
     run = out / "runs" / "glob-lr0.01"
     first = json.loads((run / "result.json").read_text())
