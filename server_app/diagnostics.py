@@ -12,6 +12,8 @@ import math
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from dept_strategy.history import RunHistory
 from server_app.plots import save_line_plot
 
@@ -105,7 +107,10 @@ def _plot_interference(lines: list[dict[str, Any]], path: Path, title: str) -> P
         for col, index in enumerate(picked):
             inter = lines[index]["interference"]
             ax, names = axes[row][col], inter["sources"]
-            images.append(ax.imshow(inter[group], vmin=-1, vmax=1, cmap="RdBu_r"))
+            # A pair with no cosine (a source with no update) is NaN, or null where the
+            # round came back from a checkpoint's strict JSON: a blank cell either way.
+            cosines = np.array(inter[group], dtype=float)
+            images.append(ax.imshow(cosines, vmin=-1, vmax=1, cmap="RdBu_r"))
             ax.set_xticks(range(len(names)), names, rotation=90, fontsize=6)
             ax.set_yticks(range(len(names)), names, fontsize=6)
             mean = inter.get(f"{group}_mean_offdiag")

@@ -3,6 +3,7 @@
 
 import csv
 import json
+import math
 import os
 from pathlib import Path
 
@@ -17,9 +18,10 @@ from dept.state.jsonl import read_lines
 from dept.train import source_client
 from dept.wire import keys
 from dept_strategy.history import RunHistory, source_row
+from server_app.diagnostics import plot_diagnostics
 from server_app.federation import run_federation
 from server_app.local_grid import LocalGrid
-from server_app.report import RunReport, build_summary, render_table
+from server_app.report import RunReport, build_summary, dumps, render_table
 from tests.conftest import ProjectLog
 from tests.dept_strategy.mock_replies import mock_strategy, train_reply
 from tests.helpers import debug_run_config, synthetic_sources
@@ -239,3 +241,21 @@ def test_a_reply_whose_training_loss_is_nan_is_refused_and_named() -> None:
         rejected["source"] == "b" and "'train-loss' must be a finite number" in rejected["reason"]
     )
     assert [(p["kind"], p["source"]) for p in strategy.history.problems()] == [("rejected", "b")]
+
+
+def test_a_round_back_from_a_checkpoint_plots_its_missing_cosines_blank(tmp_path: Path) -> None:
+    """A checkpoint holds the history as strict JSON (NaN as null): the resumed run's
+    interference plot must take a null cosine as NaN, not fail at the end of the run."""
+    history = RunHistory(body_params=10, local_steps=2)
+    history.at(1).interference = {
+        "sources": ["a", "b"],
+        "theta": [[1.0, math.nan], [math.nan, 1.0]],
+        "theta_mean_offdiag": math.nan,
+    }
+    state = json.loads(dumps(history.state_dict()))
+    assert state["rounds"][0]["interference"]["theta"][0][1] is None
+
+    restored = RunHistory.from_state_dict(state, local_steps=2)
+    written = plot_diagnostics(restored, tmp_path, "resumed")
+
+    assert written == [tmp_path / "interference.png"] and written[0].stat().st_size > 0
