@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Callable, Iterator, Mapping
@@ -112,6 +113,16 @@ def directory_app(sources_by_node: dict[int, list[str]]) -> Callable[[Message, A
         return Message(RecordDict({keys.INFO: ConfigRecord({keys.SOURCES: served})}), reply_to=msg)
 
     return app
+
+
+def fenced_block(doc: Path, heading: str, language: str = "bash") -> str:
+    """The first ```language block under ``heading`` in ``doc`` (a Markdown file), as
+    printed: what a test runs to hold the docs' examples true."""
+    text = doc.read_text()
+    section = text[text.index(f"\n{heading}\n") :]
+    found = re.search(rf"^```{language}\n(.*?)^```$", section, re.S | re.M)
+    assert found, f"{doc}: no {language} block under {heading!r}"
+    return found.group(1)
 
 
 def corpus(name: str) -> Path:

@@ -1,5 +1,6 @@
 """Reading a source's documents, whatever form the source takes (built in, a folder, local
-files, a Hugging Face dataset), into a train and a validation split.
+files, a ``datasets`` save_to_disk folder, a Hugging Face dataset), into a train and a
+validation split.
 
 ``datasets`` reads and parses the files; each split (blank rows dropped, documents held out,
 the ``max-train-bytes`` cut) is then written once to an Arrow file of its own, keyed by what
@@ -14,7 +15,7 @@ import hashlib
 import json
 import sys
 import sysconfig
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -30,11 +31,17 @@ from dept.data.arrow_text import Rows
 from dept.data.fingerprint import digest, files_key
 from dept.data.pieces import MAX_DOCUMENT_BYTES, longest_document, training_pieces
 from dept.data.shards import Plan
-from dept.data.sources import BUILTIN_PREFIX, HF_PREFIX, SourceSpec, source_files
+from dept.data.sources import (
+    BUILDER_BY_SUFFIX,
+    BUILTIN_PREFIX,
+    HF_PREFIX,
+    SourceSpec,
+    folder_kind,
+    source_files,
+)
 from dept.data.synthetic import ensure_synthetic_corpus
 from dept.data.text_checks import file_problem, one_line
 
-BUILDER_BY_SUFFIX = {".txt": "text", ".json": "json", ".jsonl": "json", ".parquet": "parquet"}
 STDLIB_VAL_EVERY = 20
 SAMPLE_STREAM = 0x70C  # the tokenizer sample's random stream, apart from the run's others
 SPLITS = ("train", "validation")
@@ -75,20 +82,64 @@ def _load_dir(spec: SourceSpec, cache_dir: Path, seed: int) -> SourceText:
 
 
 def _load_file_table(spec: SourceSpec, cache_dir: Path, seed: int) -> SourceText:
-    """Local text/JSON Lines/Parquet/CSV files (a glob), validation held out of them."""
-    suffix = Path(spec.path).suffix.lower()
+    """Local data files (one file, a glob, or a folder's files of one format), validation
+    held out of them."""
+    files = source_files(spec)
+    suffix = files[0].suffix.lower()
     if suffix not in BUILDER_BY_SUFFIX:
         raise ValueError(
             f"source {spec.name!r}: cannot read {spec.path} "
             f"(supported: {', '.join(BUILDER_BY_SUFFIX)})"
         )
-    key = _reading_key(spec, files_key(source_files(spec)), seed)
+    key = _reading_key(spec, files_key(files), seed)
+    pattern = spec.path if spec.kind == "files" else [str(p) for p in files]
 
     def choose() -> dict[str, Rows]:
-        rows = _load_files(BUILDER_BY_SUFFIX[suffix], {"train": spec.path}, spec)["train"]
+        rows = _load_files(BUILDER_BY_SUFFIX[suffix], {"train": pattern}, spec)["train"]
         return _hold_out(rows, spec, seed)
 
     return _written(spec, cache_dir, key, choose)
+
+
+def _load_saved(spec: SourceSpec, cache_dir: Path, seed: int) -> SourceText:
+    """A folder ``datasets`` wrote with ``save_to_disk``: one Dataset, validation held out of
+    it, or a DatasetDict, of which ``split`` is read (and ``val-split``, where given)."""
+    key = _reading_key(spec, files_key(source_files(spec)), seed)
+
+    def choose() -> dict[str, Rows]:
+        try:
+            saved = datasets.load_from_disk(spec.path)
+        except (OSError, ValueError, pa.ArrowException) as exc:
+            reason = one_line(str(exc)) or type(exc).__name__
+            raise ValueError(f"source {spec.name!r}: cannot read {spec.path}: {reason}") from exc
+        if isinstance(saved, datasets.Dataset):
+            if spec.val_split:
+                raise ValueError(
+                    f"source {spec.name!r}: {spec.path} holds one Dataset, no splits, so "
+                    f"'val-split' ({spec.val_split!r}) names nothing; leave it out to hold "
+                    "'val-fraction' of its documents out"
+                )
+            return _hold_out(_text_only(saved, spec, spec.path), spec, seed)
+        train = _text_only(_saved_split(saved, spec, spec.split), spec, _split_of(spec, spec.split))
+        if not spec.val_split:
+            return _hold_out(train, spec, seed)
+        validation = _saved_split(saved, spec, spec.val_split)
+        return {
+            "train": train.capped(spec.max_train_bytes),
+            "validation": _text_only(validation, spec, _split_of(spec, spec.val_split)),
+        }
+
+    return _written(spec, cache_dir, key, choose)
+
+
+def _saved_split(saved: datasets.DatasetDict, spec: SourceSpec, split: str) -> datasets.Dataset:
+    if split not in saved:
+        key = "split" if split == spec.split else "val-split"
+        raise ValueError(
+            f"source {spec.name!r}: {spec.path} has no split {split!r} (its splits: "
+            f"{', '.join(saved)}); set {key!r}"
+        )
+    return saved[split]
 
 
 def _written(
@@ -113,7 +164,9 @@ def _written(
     return SourceText(train, validation, key, folder)
 
 
-def _load_files(builder: str, files: dict[str, str], spec: SourceSpec) -> dict[str, Rows]:
+def _load_files(
+    builder: str, files: Mapping[str, str | list[str]], spec: SourceSpec
+) -> dict[str, Rows]:
     check_document_sizes(builder, files, spec)
     kwargs = {"sample_by": spec.sample_by} if builder == "text" else {}
     try:  # (StopIteration is what datasets' json builder raises for an empty file)
@@ -129,7 +182,9 @@ def _load_files(builder: str, files: dict[str, str], spec: SourceSpec) -> dict[s
 DOCUMENT_ENDS = {"json": b"\n", "line": b"\n", "paragraph": b"\n\n", "document": None}
 
 
-def check_document_sizes(builder: str, files: dict[str, str], spec: SourceSpec) -> None:
+def check_document_sizes(
+    builder: str, files: Mapping[str, str | list[str]], spec: SourceSpec
+) -> None:
     """A :class:`ValueError` naming the file, the document and the fix where one document of
     a text or JSON Lines file is over :data:`MAX_DOCUMENT_BYTES`, found in seconds by a scan
     of the bytes, before ``datasets`` would load it whole (and memory would follow it)."""
@@ -148,17 +203,21 @@ def check_document_sizes(builder: str, files: dict[str, str], spec: SourceSpec) 
             )
 
 
-def _matching(spec: SourceSpec, pattern: str) -> list[Path]:
-    """The local files ``pattern`` names (a glob for a files source)."""
-    return source_files(spec) if spec.kind == "files" else [Path(pattern)]
+def _matching(spec: SourceSpec, pattern: str | list[str]) -> list[Path]:
+    """The local files ``pattern`` names (a ``dir`` source's file; for the others, all the
+    source's files)."""
+    if isinstance(pattern, str) and spec.kind == "dir":
+        return [Path(pattern)]
+    return source_files(spec)
 
 
-def _files_named(spec: SourceSpec, pattern: str) -> str:
-    """``pattern`` as a message names it: the file, or the glob and how many files it matches."""
+def _files_named(spec: SourceSpec, pattern: str | list[str]) -> str:
+    """``pattern`` as a message names it: the file, or the glob or folder and how many files
+    it matches."""
     matches = _matching(spec, pattern)
     if len(matches) == 1:
         return str(matches[0])
-    return f"{pattern} ({len(matches)} files, rows counted across them in name order)"
+    return f"{spec.path} ({len(matches)} files, rows counted across them in name order)"
 
 
 def _load_error(spec: SourceSpec, exc: BaseException) -> ValueError:
@@ -261,8 +320,13 @@ def text_sample(table: datasets.Dataset, max_bytes: int, seed: int) -> Iterator[
 
 def _load_hub(spec: SourceSpec, cache_dir: Path, seed: int) -> SourceText:
     dataset_id = spec.path[len(HF_PREFIX) :]
+    if Path(dataset_id).is_dir() and folder_kind(Path(dataset_id)) == "saved":
+        raise ValueError(  # datasets' own message says to call load_from_disk
+            f"source {spec.name!r}: {dataset_id} is a folder save_to_disk wrote: give it as "
+            f"a local path, without {HF_PREFIX!r} (path: {dataset_id})"
+        )
     load = {"path": dataset_id, "name": spec.config or None, "streaming": spec.streaming}
-    origin = _hub_split(spec, spec.split)
+    origin = _split_of(spec, spec.split)
     if spec.streaming:
         prefix = _streamed_prefix(spec, load, cache_dir)
         rows = _text_only(prefix, spec, origin, column=arrow_text.TEXT)
@@ -275,13 +339,13 @@ def _load_hub(spec: SourceSpec, cache_dir: Path, seed: int) -> SourceText:
     val = datasets.load_dataset(split=spec.val_split, **load)
     val_rows = val if not spec.streaming else _take_bytes(val, spec, 2_000_000)
     val_table = datasets.Dataset.from_list(list(val_rows))
-    validation = _text_only(val_table, spec, _hub_split(spec, spec.val_split))
+    validation = _text_only(val_table, spec, _split_of(spec, spec.val_split))
     key = _reading_key(spec, digest(dataset_id, len(rows.ids), len(validation.ids)))
     train = rows.capped(spec.max_train_bytes)
     return _written(spec, cache_dir, key, lambda: {"train": train, "validation": validation})
 
 
-def _hub_split(spec: SourceSpec, split: str) -> str:
+def _split_of(spec: SourceSpec, split: str) -> str:
     return f"{spec.path} (split {split!r})"
 
 
@@ -299,7 +363,7 @@ def _streamed_prefix(spec: SourceSpec, load: dict, cache_dir: Path) -> datasets.
             stream = datasets.load_dataset(split=spec.split, **load)
             rows = _take_bytes(stream, spec, spec.max_train_bytes or 100_000_000)
             if not rows:
-                raise _no_text(spec, _hub_split(spec, spec.split))
+                raise _no_text(spec, _split_of(spec, spec.split))
             texts = [row[spec.text_column] for row in rows]
             datasets.Dataset.from_dict({arrow_text.TEXT: texts}).to_parquet(str(path))
     return datasets.Dataset.from_parquet(str(path))
@@ -355,5 +419,7 @@ LOADERS: dict[str, Callable[[SourceSpec, Path, int], SourceText]] = {
     "hf": _load_hub,
     "builtin": _load_builtin,
     "dir": _load_dir,
+    "saved": _load_saved,
+    "folder": _load_file_table,
     "files": _load_file_table,
 }

@@ -6,6 +6,8 @@ A sources file is YAML, either a list of entries or a mapping with a ``sources:`
       - name: de-novels
         path: ../shared/corpora/de-novels   # a folder with train.txt and val.txt
         vocab-size: 4096
+      - name: papers
+        path: /data/papers                  # a folder of .txt (or .jsonl, .parquet...) files
       - name: wiki-fr
         path: hf:wikimedia/wikipedia         # a Hugging Face dataset
         config: 20231101.fr
@@ -13,7 +15,9 @@ A sources file is YAML, either a list of entries or a mapping with a ``sources:`
         max-train-bytes: 50000000           # the first 50 MB of its training text
         tokenizer-sample-bytes: 16000000    # a seeded 16 MB sample trains its tokenizer
 
-Relative ``path`` values resolve against the folder of the sources file.
+Relative ``path`` values resolve against the folder of the sources file. A local folder is
+read by what it holds (:func:`folder_kind`): ``train.txt`` and ``val.txt``; a ``datasets``
+``save_to_disk`` folder; or data files of one format, found in it and below it.
 
 ``tokenizer-sample-bytes`` bounds the text a tokenizer is trained on: a seeded sample of
 the source's training documents (all of them where they fit), for its own tokenizer
@@ -45,9 +49,24 @@ from dept.paths import resolve_path
 
 HF_PREFIX = "hf:"
 BUILTIN_PREFIX = "builtin:"
-# Kinds named by a path prefix; any other path is a local folder ("dir") or files ("files").
+# Kinds named by a path prefix; any other path is on this machine: a folder (its kind is
+# what it holds, :func:`folder_kind`) or a file or glob ("files").
 PREFIXED_KINDS = {HF_PREFIX: "hf", BUILTIN_PREFIX: "builtin"}
-LOCAL_KINDS = ("dir", "files")  # on this machine: resolved against the sources file, checked early
+# On this machine: resolved against the sources file, checked before any training.
+LOCAL_KINDS = ("dir", "saved", "folder", "files")
+# The data files a "files" or "folder" source may hold, and the ``datasets`` builder of each.
+BUILDER_BY_SUFFIX = {
+    ".txt": "text",
+    ".json": "json",
+    ".jsonl": "json",
+    ".csv": "csv",
+    ".parquet": "parquet",
+    ".arrow": "arrow",
+}
+SPLIT_FILES = ("train.txt", "val.txt")  # a "dir" source
+# What ``datasets``' save_to_disk writes: a DatasetDict's index, or one Dataset's two files.
+SAVED_DICT = "dataset_dict.json"
+SAVED_DATASET = ("state.json", "dataset_info.json")
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 SAMPLE_BY = ("line", "paragraph", "document")
 GLOBAL_SAMPLE_BYTES = 8_000_000  # the global tokenizer's sample, shared equally by sources
@@ -94,9 +113,10 @@ class SourceSpec:
 
     @property
     def kind(self) -> str:
-        """``hf``, ``builtin``, ``dir`` or ``files``: how :mod:`dept.data.corpus` reads it."""
+        """``hf``, ``builtin``, one of :data:`LOCAL_KINDS`: how :mod:`dept.data.corpus` reads it."""
         prefixed = (kind for prefix, kind in PREFIXED_KINDS.items() if self.path.startswith(prefix))
-        return next(prefixed, "dir" if Path(self.path).is_dir() else "files")
+        path = Path(self.path)
+        return next(prefixed, folder_kind(path) if path.is_dir() else "files")
 
     @property
     def is_local(self) -> bool:
@@ -227,18 +247,70 @@ def run_sources(cfg: DeptConfig) -> list[SourceSpec]:
         raise ConfigError(f"config key 'sources-file': {exc}") from exc
 
 
+def folder_kind(folder: Path) -> str:
+    """How a local folder is read: ``dir`` (it has ``train.txt``: with ``val.txt``, the two
+    splits), ``saved`` (``datasets``' save_to_disk wrote it) or ``folder`` (the data files in
+    it and below it, validation held out of them)."""
+    if (folder / SPLIT_FILES[0]).is_file():
+        return "dir"
+    if (folder / SAVED_DICT).is_file() or all((folder / f).is_file() for f in SAVED_DATASET):
+        return "saved"
+    return "folder"
+
+
 def source_files(spec: SourceSpec) -> list[Path]:
-    """The local files a ``dir`` or ``files`` source reads, in the order they are read."""
-    if spec.kind == "dir":
-        files = [Path(spec.path) / name for name in ("train.txt", "val.txt")]
-        for path in files:
-            if not path.is_file():
-                raise ConfigError(f"source {spec.name!r}: {path} is missing")
+    """The local files a source of :data:`LOCAL_KINDS` reads, in the order they are read."""
+    kind, path = spec.kind, Path(spec.path)
+    if kind == "dir":
+        files = [path / name for name in SPLIT_FILES]
+        for file in files:
+            if not file.is_file():
+                raise ConfigError(
+                    f"source {spec.name!r}: {file} is missing (a folder with train.txt is "
+                    "read as train.txt and val.txt)"
+                )
         return files
+    if kind == "saved":
+        return sorted(_visible_files(path))
+    if kind == "folder":
+        return _data_files(spec, path)
     matches = sorted(Path("/").glob(spec.path.lstrip("/")))
     if not matches:
         raise ConfigError(f"source {spec.name!r}: no file matches {spec.path}")
     return matches
+
+
+def _data_files(spec: SourceSpec, folder: Path) -> list[Path]:
+    """The data files of a ``folder`` source: every file of one :data:`BUILDER_BY_SUFFIX`
+    format in it and below it, in name order; files of other kinds (a README, a licence) are
+    passed over, and a folder holding two formats is refused (which one is meant?)."""
+    by_suffix: dict[str, list[Path]] = {}
+    for path in _visible_files(folder):
+        if path.suffix.lower() in BUILDER_BY_SUFFIX:
+            by_suffix.setdefault(path.suffix.lower(), []).append(path)
+    formats = {BUILDER_BY_SUFFIX[suffix] for suffix in by_suffix}
+    if not by_suffix:
+        raise ConfigError(
+            f"source {spec.name!r}: {folder} holds no data to read: no train.txt and val.txt, "
+            f"no datasets save_to_disk folder, no {'/'.join(BUILDER_BY_SUFFIX)} files"
+        )
+    if len(formats) > 1:
+        counts = ", ".join(f"{len(files)} {suffix}" for suffix, files in sorted(by_suffix.items()))
+        raise ConfigError(
+            f"source {spec.name!r}: {folder} holds files of several formats ({counts}); "
+            f"name the ones to read with a glob, e.g. path: {folder}/**/*{min(by_suffix)}"
+        )
+    return sorted(p for files in by_suffix.values() for p in files)
+
+
+def _visible_files(folder: Path) -> list[Path]:
+    """The files in ``folder`` and below it, hidden ones (and those in hidden folders) left
+    out: a ``.cache`` or ``.git`` inside a corpus is not its data."""
+    return [
+        p
+        for p in folder.rglob("*")
+        if p.is_file() and not any(part.startswith(".") for part in p.relative_to(folder).parts)
+    ]
 
 
 def check_source_paths(specs: list[SourceSpec]) -> None:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 SNIFF_BYTES = 64 * 1024
 READ_BYTES = 1 << 20  # chunk size of a whole-file scan
-TEXT_SUFFIXES = (".txt", ".json", ".jsonl")  # the others (parquet) are binary by design
+TEXT_SUFFIXES = (".txt", ".json", ".jsonl", ".csv")  # the others (parquet, arrow) are binary
 
 
 def file_problem(path: Path, whole: bool = False) -> str | None:
