@@ -27,11 +27,12 @@ from typing import Any
 import numpy as np
 import torch
 from rich.table import Table
+from tqdm import tqdm
 from transformers import AutoModelForSequenceClassification, AutoTokenizer, PreTrainedTokenizerBase
 from transformers.utils import logging as hf_logging
 
 from dept.config import ConfigError
-from dept.train.devices import resolve_device
+from dept.train.devices import idle_cores, resolve_device
 from dept_cli.evaluate import finished_models, models_parser, report_on
 
 TEST_SPLITS = ("test.jsonl", "validation.jsonl")
@@ -129,9 +130,12 @@ def _batches(
         yield inputs, torch.tensor([label for _, label in chosen])
 
 
-def finetune(folder: Path, task: Task, seed: int, tuning: Tuning) -> dict[str, float]:
-    """Fine-tune the model in ``folder`` with a fresh head on ``task``'s train split; its
-    test score and last epoch's mean training loss."""
+def finetune(
+    folder: Path, task: Task, seed: int, tuning: Tuning, name: str = ""
+) -> dict[str, float]:
+    """Fine-tune the model in ``folder`` (its progress bar says ``name``, default the
+    folder's) with a fresh head on ``task``'s train split; its test score and last epoch's
+    mean training loss."""
     torch.manual_seed(seed)
     rng = np.random.default_rng(seed)
     tokenizer = AutoTokenizer.from_pretrained(folder)
@@ -149,18 +153,23 @@ def finetune(folder: Path, task: Task, seed: int, tuning: Tuning) -> dict[str, f
     model.config.pad_token_id = tokenizer.pad_token_id
     optimizer = torch.optim.AdamW(model.parameters(), lr=tuning.lr, weight_decay=0.0)
     losses: list[float] = []
-    for _ in range(tuning.epochs):
-        model.train()
-        losses = []
-        order = rng.permutation(len(task.train))
-        for inputs, labels in _batches(task.train, tokenizer, order, tuning):
-            target = labels.float() if task.regression else labels.long()
-            loss = model(**inputs, labels=target.to(tuning.device)).loss
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            optimizer.step()
-            losses.append(loss.item())
+    steps = tuning.epochs * math.ceil(len(task.train) / tuning.batch_size)
+    label = f"{name or folder.name} on {task.name}, seed {seed}"
+    with tqdm(total=steps, desc=label, unit="step", leave=False, mininterval=0.5) as bar:
+        for epoch in range(tuning.epochs):
+            model.train()
+            losses = []
+            order = rng.permutation(len(task.train))
+            for inputs, labels in _batches(task.train, tokenizer, order, tuning):
+                target = labels.float() if task.regression else labels.long()
+                loss = model(**inputs, labels=target.to(tuning.device)).loss
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+                optimizer.step()
+                losses.append(loss.item())
+                bar.set_postfix(epoch=epoch + 1, loss=f"{losses[-1]:.4f}", refresh=False)
+                bar.update()
     return {
         task.metric: _score(model, tokenizer, task, tuning),
         "train_loss": float(np.mean(losses)) if losses else math.nan,
@@ -187,6 +196,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     tasks = [load_task(folder) for folder in args.task]  # every task checked before training
     finished = finished_models(args)
     device = resolve_device(args.device)
+    if device.type == "cpu":
+        torch.set_num_threads(args.threads or idle_cores())
+        print(f"fine-tuning on the CPU with {torch.get_num_threads()} torch thread(s)", flush=True)
     tuning = Tuning(
         args.epochs,
         args.lr,
@@ -202,7 +214,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         for task in tasks:
             scores = []
             for seed in seeds:
-                scores.append(finetune(model.folder, task, seed, tuning))
+                scores.append(finetune(model.folder, task, seed, tuning, model.name))
                 done += 1
                 elapsed = time.perf_counter() - started
                 print(
@@ -218,11 +230,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     "task": task.name,
                     "metric": task.metric,
                     "mean": float(np.mean(values)),
-                    "sd": float(np.std(values, ddof=1)) if len(values) > 1 else 0.0,
+                    "sd": float(np.std(values, ddof=1)) if len(values) > 1 else None,
                     "seeds": {str(seed): s for seed, s in zip(seeds, scores, strict=True)},
                 }
             )
     settings = {k: getattr(args, k) for k in ("epochs", "lr", "batch_size", "seeds", "seed")}
+    settings["threads"] = torch.get_num_threads() if device.type == "cpu" else None
     return {
         "run_dir": str(args.run_dir),
         "variant": finished.cfg.variant,
@@ -236,15 +249,21 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 def table(report: dict[str, Any]) -> Table:
     out = Table(
-        title=f"dept finetune: {report['run_dir']} ({report['seeds']} seeds, {report['device']})"
+        title=f"dept finetune: {report['run_dir']} ({_count(report['seeds'], 'seed')}, "
+        f"{report['device']})"
     )
     for heading in ("model", "task", "metric"):
         out.add_column(heading)
     out.add_column("mean ± sd", justify="right")
     for row in report["results"]:
-        spread = f"{row['mean']:.4f} ± {row['sd']:.4f}"
-        out.add_row(row["model"], row["task"], row["metric"], spread)
+        # one seed measures no spread: none is shown
+        spread = f" ± {row['sd']:.4f}" if len(row["seeds"]) > 1 else " (1 seed)"
+        out.add_row(row["model"], row["task"], row["metric"], f"{row['mean']:.4f}{spread}")
     return out
+
+
+def _count(number: int, noun: str) -> str:
+    return f"{number} {noun}" if number == 1 else f"{number} {noun}s"
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -258,16 +277,24 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--seeds", type=int, default=3, help="runs per model and task")
     parser.add_argument("--seed", type=int, default=0, help="the first seed")
-    parser.add_argument("--epochs", type=int, default=3)
-    parser.add_argument("--lr", type=float, default=1e-4)
-    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--epochs", type=int, default=3, help="passes over the train split")
+    parser.add_argument("--lr", type=float, default=1e-4, help="AdamW's learning rate, constant")
+    parser.add_argument("--batch-size", type=int, default=16, help="examples a step")
     parser.add_argument("--max-length", type=int, help="tokens per example (default: seq-len)")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=0,
+        help="torch threads on a CPU (default: %(default)s: the cores not already busy)",
+    )
     parser.add_argument(
         "--pair-separator",
         default="\\n",
         help="between a pair's sentences (\\n and \\t read as newline and tab)",
     )
     args = parser.parse_args(argv)
+    if args.threads < 0:
+        parser.error("--threads must be >= 0 (0: the cores not already busy)")
     for name in ("seeds", "epochs", "batch_size"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be >= 1")

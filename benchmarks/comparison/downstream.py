@@ -184,7 +184,7 @@ def fine_tune_all(
                     reused += 1
                     continue
                 began = time.perf_counter()
-                scores = finetune(model.folder, task, seed, tuning)
+                scores = finetune(model.folder, task, seed, tuning, model.body.label)
                 rows.append(
                     {
                         "body": model.body.label,

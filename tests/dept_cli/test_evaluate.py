@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 
 import pytest
@@ -119,7 +120,10 @@ def _script_task(folder: Path, regression: bool = False) -> Path:
 
 @pytest.mark.slow  # one comparison for every check: each federated run costs CI seconds
 def test_lm_eval_scores_every_methods_models_as_their_runs_did(
-    tmp_path: Path, node_cache: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path,
+    node_cache: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # Prepare
     runs = _compare(tmp_path, node_cache)
@@ -156,6 +160,7 @@ def test_lm_eval_scores_every_methods_models_as_their_runs_did(
     assert "tiny_cloze" in capsys.readouterr().out
     # fine-tuning: every model of a run with a fresh head, per seed, the same seed the same
     which_script = _script_task(tmp_path / "which-script")
+    monkeypatch.setattr(finetune, "idle_cores", lambda: 1)  # a busy CI machine, as measured
     assert (
         finetune.main(
             [str(run["std-0"]), "--task", str(which_script), "--seeds", "2", "--epochs", "2"]
@@ -165,10 +170,16 @@ def test_lm_eval_scores_every_methods_models_as_their_runs_did(
     tuned = json.loads((run["std-0"] / "finetune" / "finetune.json").read_text())["results"]
     assert [(r["model"], r["metric"]) for r in tuned] == [("std-0", "accuracy")]
     assert 0.5 < tuned[0]["mean"] <= 1.0 and len(tuned[0]["seeds"]) == 2  # scripts tell apart
+    shown = capsys.readouterr()
+    assert "fine-tuning on the CPU with 1 torch thread(s)" in shown.out  # tests: one thread
+    assert re.search(r"std-0 on which-script, seed 1: +\d+%.* \d+/6 \[.*step/s", shown.err)
+    assert f"{tuned[0]['mean']:.4f} ± {tuned[0]['sd']:.4f}" in shown.out
     score = _script_task(tmp_path / "script-score", regression=True)
     assert finetune.main([str(run["std-0"]), "--task", str(score), "--seeds", "1"]) == 0
     tuned = json.loads((run["std-0"] / "finetune" / "finetune.json").read_text())["results"]
     assert tuned[0]["metric"] == "pearson" and -1.0 <= tuned[0]["mean"] <= 1.0
+    assert tuned[0]["sd"] is None, "one seed measures no spread"
+    assert f"{tuned[0]['mean']:.4f} (1 seed)" in capsys.readouterr().out
     argv = [str(run["spec-opt"]), "--source", "synth-greek", "--task", str(which_script)]
     once, again = (
         finetune.run(finetune.parse_args([*argv, "--seeds", "1", "--epochs", "1"]))
