@@ -299,6 +299,12 @@ class SourceDirectory:
             nodes = set(grid.get_node_ids())
             if nodes != seen:
                 seen, stable_since = nodes, time.monotonic()
+                # said at once: the first answers wait for each ClientApp to start (tens of s)
+                log.info(
+                    "%d node(s) connected; asking which sources they serve (%d required)",
+                    len(nodes),
+                    self.min_nodes,
+                )
             enough = len(nodes) >= self.min_nodes
             patience = max(0.0, min(self.reask_after_s, deadline - time.monotonic()))
             owners = (

@@ -29,6 +29,7 @@ from dept.paths import default_state_root, resolve_path
 from dept.state.disks import disk_note
 from dept.state.lock import check_folder_free, release_lock
 from server_app.config_pairs import parse_pairs
+from server_app.launch_clock import LAUNCHED_AT_VARIABLE, process_started_at, stamped
 from server_app.local_runtime import HTTP_PORT_VARIABLE, LocalRuntime, Stopped, stop_signals
 from server_app.resume import (
     RESUME_OPTIONS,
@@ -277,12 +278,15 @@ def _launch(args: argparse.Namespace) -> int:
     # --stream also makes flwr run wait for the run's end, which dept run needs
     command = build_command(app, overrides, num_nodes, share, stream=True)
     print(
-        f"dept run: {num_nodes} SuperNodes, {share.describe()}; SuperLink on 127.0.0.1:"
-        f"{runtime.http_port}; outputs in {cfg.output_dir}",
+        stamped(
+            f"dept run: {num_nodes} SuperNodes, {share.describe()}; SuperLink on 127.0.0.1:"
+            f"{runtime.http_port}; outputs in {cfg.output_dir}"
+        ),
         flush=True,
     )
-    print(f"dept run: {state_line(cfg.state_dir)}", flush=True)
+    print(stamped(f"dept run: {state_line(cfg.state_dir)}"), flush=True)
     env = runtime.env(dict(os.environ))
+    env[LAUNCHED_AT_VARIABLE] = repr(process_started_at())  # rounds count from the command
     if args.debug:
         env[DEBUG_VARIABLE] = "1"
     started = time.time()

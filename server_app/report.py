@@ -45,6 +45,7 @@ from server_app.diagnostics import (
     diagnostics_summary,
     plot_diagnostics,
 )
+from server_app.launch_clock import since_launch
 from server_app.plots import save_line_plot
 from server_app.run_status import ERROR_LOG, STATUS_FILE
 from server_app.tracking import TENSORBOARD_DIR, Trackers
@@ -101,7 +102,9 @@ class RunReport:
         self.trackers.close(failed=exc is not None)  # nothing left to close after finish
 
     def round_done(self, history: RunHistory, server_round: int) -> None:
-        """Append the line of ``server_round`` (ended, its wall time noted) and log it."""
+        """Append the line of ``server_round`` (ended, its wall time noted) and log it: the
+        time elapsed since the ``dept run`` command where one started the run
+        (:mod:`server_app.launch_clock`), else since the rounds began."""
         wall_s = history.rounds[server_round].wall_s
         line = history.round_json(server_round)
         append_line(self.metrics_path, dumps(line))  # whole, or not at all (a full disk)
@@ -129,7 +132,7 @@ class RunReport:
             change,
             per_source,
             spent,
-            wall_s,
+            since_launch() or wall_s,
             eta,
         )
 

@@ -65,8 +65,8 @@ def test_orchestration_share_is_the_round_less_its_slowest_client(tmp_path: Path
     )
     log = tmp_path / "dept-run.log"
     log.write_text(
-        "dept run: 2 SuperNodes, 2 training at a time, each with 0.5 GPU and 8 CPU threads; "
-        "SuperLink on 127.0.0.1:1\n"
+        "05:34:11 dept run: 2 SuperNodes, 2 training at a time, each with 0.5 GPU and 8 CPU "
+        "threads; SuperLink on 127.0.0.1:1\n"
     )
 
     result = read_run(tmp_path, log)
