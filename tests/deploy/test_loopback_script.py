@@ -1,0 +1,52 @@
+"""docker/loopback.sh, the five-minute deployment of docs/deployment.md, run as printed: a
+SuperLink with TLS and SuperNode authentication, two SuperNodes, a run through them, a third
+source joining mid-run, and nothing of it left running afterwards."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import psutil
+import pytest
+
+PROJECT = Path(__file__).resolve().parents[2]
+SCRIPT = PROJECT / "docker" / "loopback.sh"
+
+
+@pytest.mark.slow
+def test_the_loopback_script_runs_a_federation_a_source_joins_and_nothing_is_left(
+    tmp_path: Path,
+) -> None:
+    work = tmp_path / "loopback"
+    bin_dir = Path(sys.executable).parent  # dept, flwr and flower-*, beside this interpreter
+    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
+
+    done = subprocess.run(
+        ["bash", str(SCRIPT), str(work)],
+        cwd=PROJECT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        start_new_session=True,
+    )
+
+    logs = {p.name: p.read_text(errors="replace")[-1500:] for p in (work / "logs").glob("*.log")}
+    assert done.returncode == 0, (done.stdout[-2000:], done.stderr[-2000:], logs)
+    assert "loopback: round 1 done; cyrillic joins" in done.stdout
+    summary = json.loads((work / "run" / "summary.json").read_text())
+    assert set(summary["sources"]) == {"latin", "greek", "cyrillic"}
+    assert summary["sources"]["cyrillic"]["joined_round"] >= 2
+    assert all(s["tokens_trained"] > 0 for s in summary["sources"].values())
+    assert "loopback: cyrillic: joined in round" in done.stdout
+    running = (p.info for p in psutil.process_iter(["cmdline", "status"]))
+    left = [
+        info["cmdline"]
+        for info in running
+        if info["status"] != psutil.STATUS_ZOMBIE and str(work) in " ".join(info["cmdline"] or [])
+    ]
+    assert not left, f"still running: {left}"
