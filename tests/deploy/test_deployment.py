@@ -23,7 +23,6 @@ from tests.deploy.loopback import (
 
 pytestmark = pytest.mark.slow
 SOURCES = ("latin", "cyrillic", "greek")
-JOINER = "georgian"
 RUN_S = 420  # upper bound for one short federation on a loaded 2-core machine
 
 
@@ -46,31 +45,22 @@ def finish(deployment: Loopback, run_log: str, out: Path) -> dict:
     return json.loads(summary.read_text())
 
 
-def test_three_nodes_a_broken_one_and_a_source_joining_mid_run(
-    loopback: Loopback, tmp_path: Path
-) -> None:
+def test_three_nodes_train_and_a_broken_one_is_named(loopback: Loopback, tmp_path: Path) -> None:
+    """A source joining mid-run, deployed with TLS and node keys, is docker/loopback.sh's
+    test (test_loopback_script.py)."""
     state, out = tmp_path / "state", tmp_path / "out"
     loopback.start_superlink()
     start_nodes(loopback, state, SOURCES)
     loopback.add_node("broken", node_config("broken", state, path=str(tmp_path / "missing")))
-    run = loopback.run(run_config(out, **{"num-server-rounds": 4, "min-available-nodes": 4}))
+    run = loopback.run(run_config(out, **{"num-server-rounds": 2, "min-available-nodes": 4}))
 
-    wait_for_line(run, r"round 1/4 done", RUN_S)
-    joiner = loopback.add_node(JOINER, node_config(JOINER, state))
-    joined = int(wait_for_line(run, rf"round (\d): training [^\n]*{JOINER}", RUN_S).group(1))
     wait_for_line(run, SERVER_DONE, RUN_S)
     summary = finish(loopback, run.text(), out)
 
     log = run.text()
     assert "cannot take part" in log and "broken" in log, log[-3000:]
-    assert set(summary["sources"]) == {*SOURCES, JOINER}, log[-3000:]
-    assert 2 <= joined <= 4
-    assert summary["sources"][JOINER]["joined_round"] == joined
-    assert summary["sources"][JOINER]["tokens_trained"] > 0
-    rounds = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    trained = [r["round"] for r in rounds if r["sources"].get(JOINER, {}).get("tokens")]
-    assert trained and trained[0] == joined, rounds
-    assert "embeddings fresh" in joiner.log(), joiner.log()[-2000:]
+    assert set(summary["sources"]) == set(SOURCES), log[-3000:]
+    assert all(s["tokens_trained"] > 0 for s in summary["sources"].values())
 
 
 def test_the_server_gives_up_waiting_for_nodes_and_says_so(loopback: Loopback) -> None:
