@@ -28,6 +28,7 @@ from dept.model.families import model_choice
 from dept.paths import default_state_root, resolve_path
 from dept.state.disks import disk_note
 from dept.state.lock import check_folder_free, release_lock
+from server_app.app_bundle import staged_app
 from server_app.config_pairs import parse_pairs
 from server_app.launch_clock import LAUNCHED_AT_VARIABLE, process_started_at, stamped
 from server_app.local_runtime import HTTP_PORT_VARIABLE, LocalRuntime, Stopped, stop_signals
@@ -51,6 +52,7 @@ from server_app.sizing import (
 
 PATH_KEYS = ("sources-file", "output-dir", "state-dir")
 FLOWER_HOME = ".flwr"  # the run's own Flower home, in its output folder
+APP_FOLDER = "app"  # in it: the app's files flwr run bundles (server_app.app_bundle)
 RUN_LOG = "run.log"  # with --no-stream
 HELP_WIDTH = 79
 LOW_DISK = 16 << 20  # free bytes below which a run's missing status is put down to its disk
@@ -276,7 +278,8 @@ def _launch(args: argparse.Namespace) -> int:
     share = client_share(num_nodes, gpus, visible, machine_cores())
     runtime = LocalRuntime.for_run(out_dir / FLOWER_HOME, dict(os.environ))
     # --stream also makes flwr run wait for the run's end, which dept run needs
-    command = build_command(app, overrides, num_nodes, share, stream=True)
+    bundled = staged_app(app, out_dir / FLOWER_HOME / APP_FOLDER)  # not the whole checkout
+    command = build_command(bundled, overrides, num_nodes, share, stream=True)
     print(
         stamped(
             f"dept run: {num_nodes} SuperNodes, {share.describe()}; SuperLink on 127.0.0.1:"
