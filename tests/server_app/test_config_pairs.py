@@ -12,9 +12,12 @@ from dept.config import ConfigError
 from server_app.config_pairs import parse_pairs
 
 ROOT = Path(__file__).resolve().parents[2]
-# python -c "..." is Python, not a run config
-EXAMPLE = re.compile(r"""(?<!python )(?<!python3 )(?:-c|--run-config|--node-config) "([^"]*)\"""")
-PLACEHOLDERS = ("...", "KEY", "key=value", "CELL-SETTINGS", "$")
+# python -c "..." is Python, not a run config; the string may follow a line continuation
+EXAMPLE = re.compile(
+    r"""(?<!python )(?<!python3 )(?:-c|--run-config|--node-config)(?: |\\\n)+"([^"]*)\""""
+)
+PLACEHOLDERS = ("...", "KEY", "key=value", "CELL-SETTINGS", "${")
+SHELL_VARIABLES = {"$PWD": "/home/me/dept"}  # as the shell expands them before flwr reads
 
 
 def test_a_bare_string_is_named_with_its_quoted_form() -> None:
@@ -40,6 +43,8 @@ def _examples() -> list[tuple[str, str]]:
     for path in files:
         for text in EXAMPLE.findall(path.read_text()):
             if "=" in text and not any(mark in text for mark in PLACEHOLDERS):
+                for variable, value in SHELL_VARIABLES.items():
+                    text = text.replace(variable, value)
                 found.append((path.relative_to(ROOT).as_posix(), text.replace("\\'", "'")))
     return found
 
@@ -47,6 +52,9 @@ def _examples() -> list[tuple[str, str]]:
 def test_every_config_string_the_help_and_docs_show_reads_as_printed() -> None:
     examples = _examples()
     assert len(examples) > 20, "the pattern still finds the examples"
+    shown = {text for _, text in examples}
+    assert any("output-dir='/home/me/dept/outputs/flwr'" in t for t in shown), "$PWD expanded"
+    assert any("model='small' num-server-rounds=50" in t for t in shown), "after a line break"
     for where, text in examples:
         try:
             parse_pairs([text], "-c")
