@@ -10,6 +10,7 @@ from dept.model import families as dm
 from dept.model import roles
 from dept.model.build import build_model
 from dept_cli.main import main
+from dept_cli.models import EXAMPLES
 
 
 def models_json(capsys: pytest.CaptureFixture[str], *args: str) -> dict:
@@ -64,3 +65,12 @@ def test_the_table_says_how_to_name_a_model(capsys: pytest.CaptureFixture[str]) 
     assert "llama:tiny" in out and "gpt2:1.3b" in out
     assert "1,233.23" in out, "llama:1.3b's body, in millions"
     assert "<family>:<size>" in out and "config.json" in out
+
+
+def test_every_example_of_the_help_runs_as_printed(capsys: pytest.CaptureFixture[str]) -> None:
+    commands = [line.split("#")[0].split() for line in EXAMPLES.splitlines()[1:]]
+
+    for command in commands:
+        assert command[:2] == ["dept", "models"]
+        assert main(command[1:]) == 0, command
+        assert "llama:debug" in capsys.readouterr().out, command
