@@ -129,8 +129,10 @@ def run_plan(plan: Plan) -> dict[str, Any]:
             log.exception("crashed")
             result = {"error": f"{type(exc).__name__}: {exc}".splitlines()[0][:300]}
             traceback.print_exc(file=(out / "error.txt").open("w"))
-    result.update(method=plan.method, lr=plan.lr, wall_s=time.perf_counter() - started)
-    if resumed_after is not None:  # wall_s is then this invocation's part only
+    result.update(method=plan.method, lr=plan.lr)
+    # a federated run's own clock, which goes on across the invocations that resumed it
+    result.setdefault("wall_s", time.perf_counter() - started)
+    if resumed_after is not None:
         result["resumed_after"] = resumed_after
     result.update(seed=plan.run_config["seed"])
     result.update(rounds=plan.run_config["num-server-rounds"])
@@ -156,6 +158,7 @@ def _run_federated(plan: Plan, resume: bool) -> dict[str, Any]:
         "embedding_params": {n: s["embedding_params"] for n, s in summary["sources"].items()},
         "tokens": sum(s["tokens_trained"] for s in summary["sources"].values()),
         "failed": summary["failed_replies"] + summary["rejected_updates"],
+        "wall_s": summary["wall_s"],
     }
 
 

@@ -178,6 +178,8 @@ def test_a_federated_run_stopped_part_way_goes_on_from_its_last_checkpoint(
     assert [r for r, _ in again["curve"]] == [0, 1, 2], "the curve is the whole run's"
     assert again["sources"] == first["sources"], "going on gives the run it would have been"
     assert again["tokens"] == first["tokens"] and again["bytes"] == first["bytes"]
+    summary = json.loads((run / "summary.json").read_text())
+    assert again["wall_s"] == summary["wall_s"], "the run's clock, across both invocations"
     args = compare.parse_args([*argv, "-c", "weight-decay=0.0"])
     (changed,) = compare.make_plans(args, compare.base_config(args, out), out)
     assert compare_resume.stopped_after(changed) is None, "another run config starts afresh"
