@@ -186,6 +186,15 @@ def test_lm_eval_scores_every_methods_models_as_their_runs_did(
         for _ in range(2)
     )
     assert once["results"] == again["results"]
+    # the help's --global example, with two tasks at once: the global model too, on each
+    argv = [str(run["glob"]), "--global", "--source", "synth-greek", "--task", str(which_script)]
+    assert finetune.main([*argv, "--task", str(score), "--seeds", "1", "--epochs", "1"]) == 0
+    tuned = json.loads((run["glob"] / "finetune" / "finetune.json").read_text())["results"]
+    assert [(r["model"], r["task"]) for r in tuned] == [
+        (model, task)
+        for model in ("synth-greek", "global")
+        for task in ("which-script", "script-score")
+    ]
     # the downstream comparison: the global model, CPT for SPEC-OPT, a baseline's own model
     _the_downstream_comparison_fine_tunes_each_body(tmp_path, run)
     # out of distribution: every body on a source no run trained on
