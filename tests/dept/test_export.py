@@ -194,7 +194,7 @@ def test_glob_exports_each_source_and_the_global_model(
 ) -> None:
     run_dir = runs("glob")
     export_source(run_dir, "synth-latin", tmp_path / "latin")
-    export_global(run_dir, tmp_path / "global")
+    assert main([str(run_dir), "--global", "--out", str(tmp_path / "global")]) == 0  # the help's
     for folder in ("latin", "global"):
         assert isinstance(_generate(tmp_path / folder, "a"), str)
 
