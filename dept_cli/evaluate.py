@@ -32,7 +32,7 @@ from dept.data.corpus import load_source_text
 from dept.data.sources import SourceSpec, run_sources
 from dept.export import RUN_CONFIG_FILE, export_global, export_source, load_run, state_root
 from dept.model.variants import variant
-from dept.train.devices import resolve_device
+from dept.train.devices import resolve_device, size_cpu_threads
 from dept_cli.compare_resume import PLAN_FILE, RESULT_FILE
 from dept_cli.harness import (
     evaluate_folder,
@@ -169,14 +169,17 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
     finished = finished_models(args)
     eval_dir = args.run_dir / EVAL_DIR
     eval_bytes = finished.cfg.eval_bytes if args.eval_bytes is None else args.eval_bytes
-    device = str(resolve_device(args.device))
+    resolved = resolve_device(args.device)
+    threads = size_cpu_threads(resolved)  # beside busy processes, torch's default is 3x slower
+    device = str(resolved)
+    shown = device if threads is None else f"{device}, {threads} torch thread(s)"
     rows = []
     for model in finished.models:
         tasks: list[str | dict[str, Any]] = []
         if not args.no_bits_per_byte:
             tasks += stream_tasks(finished, model, eval_dir / "data", eval_bytes)
         tasks += args.tasks
-        print(f"dept eval: {model.name} on {len(tasks)} tasks ({device})", flush=True)
+        print(f"dept eval: {model.name} on {len(tasks)} tasks ({shown})", flush=True)
         results = evaluate_folder(
             model.folder,
             tasks,

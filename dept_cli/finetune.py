@@ -32,7 +32,7 @@ from transformers import AutoModelForSequenceClassification, AutoTokenizer, PreT
 from transformers.utils import logging as hf_logging
 
 from dept.config import ConfigError
-from dept.train.devices import idle_cores, resolve_device
+from dept.train.devices import resolve_device, size_cpu_threads
 from dept_cli.evaluate import finished_models, models_parser, report_on
 
 TEST_SPLITS = ("test.jsonl", "validation.jsonl")
@@ -196,9 +196,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     tasks = [load_task(folder) for folder in args.task]  # every task checked before training
     finished = finished_models(args)
     device = resolve_device(args.device)
-    if device.type == "cpu":
-        torch.set_num_threads(args.threads or idle_cores())
-        print(f"fine-tuning on the CPU with {torch.get_num_threads()} torch thread(s)", flush=True)
+    threads = size_cpu_threads(device, args.threads)
+    if threads is not None:
+        print(f"fine-tuning on the CPU with {threads} torch thread(s)", flush=True)
     tuning = Tuning(
         args.epochs,
         args.lr,
@@ -235,7 +235,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 }
             )
     settings = {k: getattr(args, k) for k in ("epochs", "lr", "batch_size", "seeds", "seed")}
-    settings["threads"] = torch.get_num_threads() if device.type == "cpu" else None
+    settings["threads"] = threads
     return {
         "run_dir": str(args.run_dir),
         "variant": finished.cfg.variant,

@@ -82,3 +82,12 @@ def idle_cores() -> int:
     processes on 2 cores ran 3x slower with 2 threads than with 1."""
     cores = len(os.sched_getaffinity(0))
     return max(1, min(cores, round(cores - os.getloadavg()[0])))
+
+
+def size_cpu_threads(device: torch.device, asked: int = 0) -> int | None:
+    """On a CPU, torch's threads set to ``asked``, or where 0 to :func:`idle_cores`; the
+    count set (None on another device, whose kernels are not torch's CPU threads)."""
+    if device.type != "cpu":
+        return None
+    torch.set_num_threads(asked or idle_cores())
+    return torch.get_num_threads()
