@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -40,8 +41,17 @@ def test_the_loopback_script_runs_a_federation_a_source_joins_and_nothing_is_lef
     assert "loopback: round 1 done; cyrillic joins" in done.stdout
     summary = json.loads((work / "run" / "summary.json").read_text())
     assert set(summary["sources"]) == {"latin", "greek", "cyrillic"}
-    assert summary["sources"]["cyrillic"]["joined_round"] >= 2
-    assert all(s["tokens_trained"] > 0 for s in summary["sources"].values())
+    joined = summary["sources"]["cyrillic"]["joined_round"]
+    assert joined >= 2 and all(s["tokens_trained"] > 0 for s in summary["sources"].values())
+    run_log = (work / "logs" / "run.log").read_text()
+    first_asked = re.search(r"round (\d): training [^\n]*cyrillic", run_log)
+    assert first_asked and int(first_asked.group(1)) == joined, run_log[-3000:]
+    rounds = [
+        json.loads(line) for line in (work / "run" / "metrics.jsonl").read_text().splitlines()
+    ]
+    trained = [r["round"] for r in rounds if r["sources"].get("cyrillic", {}).get("tokens")]
+    assert trained and trained[0] == joined, "it trains from the round it joined"
+    assert "embeddings fresh" in (work / "logs" / "superexec-cyrillic.log").read_text()
     assert "loopback: cyrillic: joined in round" in done.stdout
     running = (p.info for p in psutil.process_iter(["cmdline", "status"]))
     left = [
