@@ -13,7 +13,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives.serialization import load_ssh_private_key
 from flwr.cli.supernode.register import try_load_public_key
 
-from dept.certificates import SECRET_FILE, main, make_certificates
+from dept.certificates import EXAMPLES, SECRET_FILE, main, make_certificates
 
 PROJECT = Path(__file__).resolve().parents[2]
 
@@ -81,3 +81,19 @@ def test_certificates_under_docker_are_ignored_by_git() -> None:
         ["git", "check-ignore", "-q", "docker/certs/ca.key"], cwd=PROJECT, check=False
     )
     assert ignored.returncode == 0
+
+
+def test_every_example_of_the_help_runs_as_printed_into_a_folder_of_its_own(
+    tmp_path: Path,
+) -> None:
+    commands = [line.split() for line in EXAMPLES.splitlines()[1:]]
+
+    for number, command in enumerate(commands):
+        assert command[:2] == ["dept", "certs"]
+        folder = tmp_path / str(number)  # in place of the example's own folder
+        assert main([str(folder), *command[3:]]) == 0, command
+        nodes = command[command.index("--supernodes") + 1].split(",")
+        assert sorted(p.name for p in (folder / "supernodes").glob("*.pub")) == sorted(
+            f"{node}.pub" for node in nodes
+        )
+        assert (folder / "server.pem").is_file() and (folder / SECRET_FILE).is_file()
