@@ -157,3 +157,11 @@ def test_a_new_run_into_a_folder_holding_one_is_refused_unless_forced(
 
 def _stop_here(*args: object) -> None:
     raise RuntimeError("reached the next check")
+
+
+def test_a_later_c_gives_a_key_its_value(capsys: pytest.CaptureFixture, tmp_path: Path) -> None:
+    """As the help says: repeated -c are read in order, a later value wins."""
+    first = f"output-dir='{tmp_path}' num-server-rounds=2"
+    assert dept_run(["-c", first, "-c", "num-server-rounds=-3"]) == 2
+    err = capsys.readouterr().err
+    assert err == "dept run: error: config key 'num-server-rounds' must be >= 1\n", "-3 read"
