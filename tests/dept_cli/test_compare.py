@@ -155,6 +155,7 @@ def test_a_stopped_comparison_reuses_finished_runs_of_the_same_plan(
     assert ran == [0.02, 0.01, 0.02], "another run config runs everything afresh"
 
 
+@pytest.mark.slow  # two in-process federations (8 s): the fast tier stays under 150 s
 def test_a_federated_run_stopped_part_way_goes_on_from_its_last_checkpoint(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, node_cache: Path
 ) -> None:
