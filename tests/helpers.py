@@ -115,6 +115,14 @@ def directory_app(sources_by_node: dict[int, list[str]]) -> Callable[[Message, A
     return app
 
 
+def with_venv_on_path(**extra: str) -> dict[str, str]:
+    """This process's environment, and ``extra``, with this interpreter's folder first on
+    PATH: a script a test runs finds this venv's dept, flwr and flower-* even when the venv
+    was never activated."""
+    path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
+    return {**os.environ, **extra, "PATH": path}
+
+
 def fenced_block(doc: Path, heading: str, language: str = "bash") -> str:
     """The first ```language block under ``heading`` in ``doc`` (a Markdown file), as
     printed: what a test runs to hold the docs' examples true."""

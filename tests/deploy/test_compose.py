@@ -19,6 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import with_venv_on_path
+
 SMOKE = Path(__file__).resolve().parents[2] / "docker" / "smoke.sh"
 BIN = Path(sys.executable).parent  # flwr, dept and podman-compose of this venv
 # docker/python-base.sh's image: where it exists, the images are built on it (no registry).
@@ -63,8 +65,7 @@ def engine() -> str:
 def smoke(engine: str, out: Path) -> subprocess.CompletedProcess:
     """smoke.sh to its end; on a timeout (or pytest's) it gets SIGTERM, so its trap still
     takes every container, network and volume down."""
-    env = {**os.environ, "ENGINE": engine, "SMOKE_OUT": str(out)}
-    env["PATH"] = f"{BIN}{os.pathsep}{env['PATH']}"
+    env = with_venv_on_path(ENGINE=engine, SMOKE_OUT=str(out))
     if _answers(engine, "image", "inspect", PYTHON_BASE):
         env["PYTHON_BASE"] = PYTHON_BASE
     process = subprocess.Popen(

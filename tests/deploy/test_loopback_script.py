@@ -5,14 +5,14 @@ source joining mid-run, and nothing of it left running afterwards."""
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import psutil
 import pytest
+
+from tests.helpers import with_venv_on_path
 
 PROJECT = Path(__file__).resolve().parents[2]
 SCRIPT = PROJECT / "docker" / "loopback.sh"
@@ -23,13 +23,11 @@ def test_the_loopback_script_runs_a_federation_a_source_joins_and_nothing_is_lef
     tmp_path: Path,
 ) -> None:
     work = tmp_path / "loopback"
-    bin_dir = Path(sys.executable).parent  # dept, flwr and flower-*, beside this interpreter
-    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
 
     done = subprocess.run(
         ["bash", str(SCRIPT), str(work)],
         cwd=PROJECT,
-        env=env,
+        env=with_venv_on_path(),
         capture_output=True,
         text=True,
         timeout=900,

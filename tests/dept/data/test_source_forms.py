@@ -4,10 +4,8 @@ cache keyed by content, and each wrong shape refused in one line that names the 
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import datasets
@@ -17,7 +15,7 @@ import pytest
 from dept.config import ConfigError
 from dept.data.corpus import load_source_text
 from dept.data.sources import SourceSpec, check_source_paths
-from tests.helpers import fenced_block
+from tests.helpers import fenced_block, with_venv_on_path
 
 DOCS = Path(__file__).resolve().parents[3] / "docs" / "sources.md"
 
@@ -163,8 +161,7 @@ def test_arrow_files_are_read_in_either_ipc_layout(tmp_path: Path, layout: str) 
 @pytest.mark.slow
 def test_the_docs_example_makes_and_prepares_every_form(tmp_path: Path) -> None:
     script = fenced_block(DOCS, "## Data as you have it")
-    bin_dir = Path(sys.executable).parent  # dept, beside this interpreter
-    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "XDG_CACHE_HOME": str(tmp_path)}
+    env = with_venv_on_path(XDG_CACHE_HOME=str(tmp_path))
 
     done = subprocess.run(
         ["bash", "-e", "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True
