@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from client_app.warm import IDLE_KEY, WARM_KEY
+from client_app.warm import FOLDER_KEY, IDLE_KEY, WARM_KEY
 from dept.config import ConfigError, DeptConfig, check_device_name, snake
 from dept.data.sources import SourceSpec, check_source_paths, parse_source, run_sources
 from dept.model.variants import variant
@@ -30,7 +30,17 @@ from dept.paths import resolve_path, state_root
 
 # The run config keys a node may set for itself (they win over the run's).
 NODE_SECONDS_KEYS = ("round-time-s", "step-delay-s")
-NODE_ONLY_KEYS = ("state-dir", "global-tokenizer", "device", *NODE_SECONDS_KEYS, WARM_KEY, IDLE_KEY)
+GPU_MEMORY_KEY = "gpu-memory-fraction"  # of its GPU this node's process may take, in (0, 1]
+NODE_ONLY_KEYS = (
+    "state-dir",
+    "global-tokenizer",
+    "device",
+    *NODE_SECONDS_KEYS,
+    WARM_KEY,
+    IDLE_KEY,
+    FOLDER_KEY,
+    GPU_MEMORY_KEY,
+)
 SIMULATION_KEYS = ("partition-id", "num-partitions")
 
 
@@ -42,6 +52,7 @@ class NodeSetup:
     global_tokenizer: Path | None
     device: str | None  # the node's own device=..., which wins over the run's
     seconds: dict[str, float] = dataclasses.field(default_factory=dict)  # NODE_SECONDS_KEYS set
+    gpu_memory_fraction: float | None = None  # GPU_MEMORY_KEY
 
     def own_config(self, cfg: DeptConfig) -> DeptConfig:
         """The run config as this node trains with it: its own device and seconds win."""
@@ -104,7 +115,22 @@ def node_setup(cfg: DeptConfig, node_config: dict[str, Any], source: str) -> Nod
         global_tokenizer=resolve_path(str(tokenizer)) if tokenizer else None,
         device=check_device_name(str(device), "node config key 'device'") if device else None,
         seconds={k: _seconds(node_config, k) for k in NODE_SECONDS_KEYS if k in node_config},
+        gpu_memory_fraction=_fraction(node_config),
     )
+
+
+def _fraction(node_config: dict[str, Any]) -> float | None:
+    """The node's ``gpu-memory-fraction``, a number in (0, 1], or a :class:`ConfigError`."""
+    if GPU_MEMORY_KEY not in node_config:
+        return None
+    value = node_config[GPU_MEMORY_KEY]
+    try:
+        fraction = float(value)
+    except (TypeError, ValueError):
+        fraction = math.nan
+    if isinstance(value, bool) or not 0 < fraction <= 1:
+        raise ConfigError(f"node config key {GPU_MEMORY_KEY!r} is {value!r}: must be in (0, 1]")
+    return fraction
 
 
 def _seconds(node_config: dict[str, Any], key: str) -> float:

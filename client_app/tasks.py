@@ -26,7 +26,7 @@ from client_app.channel import EVALUATE, QUERY, TRAIN, npy_array
 from client_app.node import node_setup, served_sources
 from dept.config import load_config
 from dept.state.workspace import Attempt, Workspace
-from dept.train.devices import describe, unused_gpus_warning
+from dept.train.devices import cap_gpu_memory, describe, unused_gpus_warning
 from dept.train.held_body import received_body
 from dept.train.source_client import SourceClient
 from dept.wire import keys
@@ -34,6 +34,8 @@ from dept.wire.fragments import FragmentPlan
 
 log = logging.getLogger(__name__)
 RUN_ID_PATTERN = re.compile(r"[A-Za-z0-9_-]{1,64}")
+# what each source's GPU memory was bounded to in this process (node key gpu-memory-fraction)
+_gpu_bounds: dict[tuple[str, str], str] = {}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,7 +83,8 @@ def _say_device(client: SourceClient, first: bool) -> None:
     where this machine's GPUs go unused."""
     if not first:
         return
-    log.info("%s: trains on %s", client.spec.name, describe(client.device))
+    bound = _gpu_bounds.get((client.spec.name, str(client.device)), "")
+    log.info("%s: trains on %s%s", client.spec.name, describe(client.device), bound)
     unused = unused_gpus_warning(client.device)
     if unused:
         log.warning("%s: %s", client.spec.name, unused)
@@ -98,7 +101,10 @@ def _set_up(run_id: str, source: str, run_config: str, node_config: str) -> Sour
     setup = node_setup(cfg, json.loads(node_config), source)
     cfg = setup.own_config(cfg)
     workspace = Workspace(setup.state_root, run_id, setup.spec.name)
-    return SourceClient(cfg, setup.spec, workspace, setup.all_sources, setup.global_tokenizer)
+    client = SourceClient(cfg, setup.spec, workspace, setup.all_sources, setup.global_tokenizer)
+    bound = cap_gpu_memory(client.device, setup.gpu_memory_fraction)
+    _gpu_bounds[(client.spec.name, str(client.device))] = bound
+    return client
 
 
 def _query(task: Task) -> RecordDict:

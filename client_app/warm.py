@@ -33,6 +33,9 @@ from dept.paths import default_state_root, resolve_path
 
 WARM_KEY = "warm-worker"  # node config: true (default in deployment) or false
 IDLE_KEY = "warm-worker-idle-s"  # node config: the worker exits after this long unused
+# node config: the worker's folder, for several SuperNodes sharing one state-dir (dept run's
+# federation of processes): one worker each, so that they train at the same time
+FOLDER_KEY = "warm-worker-dir"
 DEFAULT_IDLE_S = 3600.0
 FOLDER = "warm-worker"
 SOCKET, TOKEN, LIFE_LOCK, START_LOCK = "worker.sock", "token", "worker.lock", "start.lock"
@@ -48,8 +51,11 @@ class WorkerFailed(RuntimeError):
 
 
 def worker_folder(node_config: Mapping[str, Any], run_config: Mapping[str, Any]) -> Path:
-    """``warm-worker/`` in the node's state directory, as :func:`client_app.node.node_setup`
-    picks it: the node's ``state-dir``, else the run's, else the default."""
+    """The node's ``warm-worker-dir``, else ``warm-worker/`` in the node's state directory,
+    as :func:`client_app.node.node_setup` picks it: the node's ``state-dir``, else the run's,
+    else the default."""
+    if node_config.get(FOLDER_KEY):
+        return resolve_path(str(node_config[FOLDER_KEY]))
     state = node_config.get("state-dir") or run_config.get("state-dir")
     root = resolve_path(str(state)) if state else default_state_root()
     return root / FOLDER
@@ -88,16 +94,16 @@ def code_digest() -> str:
 
 
 @contextlib.contextmanager
-def socket_address(folder: Path) -> Iterator[str]:
-    """The socket's address; a long path goes through ``/proc/self/fd`` (Linux), whose
-    length does not depend on the folder's."""
-    path = folder / SOCKET
+def socket_address(folder: Path, name: str = SOCKET) -> Iterator[str]:
+    """The address of socket ``name`` in ``folder``; a long path goes through
+    ``/proc/self/fd`` (Linux), whose length does not depend on the folder's."""
+    path = folder / name
     if len(str(path)) <= MAX_SOCKET_PATH:
         yield str(path)
         return
     fd = os.open(folder, os.O_PATH)
     try:
-        yield f"/proc/self/fd/{fd}/{SOCKET}"
+        yield f"/proc/self/fd/{fd}/{name}"
     finally:
         os.close(fd)
 

@@ -18,21 +18,32 @@ from flwr.serverapp import Grid
 
 from server_app.nudges import NodesBehind
 
+# Between pulls: a pull asks once per reply still missing, so a few missing replies are
+# asked for often (a small federation's round waits for no poll) and many less often.
 POLL_S = 1.0
+QUICK_POLL_S = 0.25
+PULLS_PER_S = 16
+
+
+def poll_interval(waiting: int) -> float:
+    """Seconds until the next pull with ``waiting`` replies missing: at most
+    :data:`PULLS_PER_S` requests a second, between :data:`QUICK_POLL_S` and :data:`POLL_S`."""
+    return min(POLL_S, max(QUICK_POLL_S, waiting / PULLS_PER_S))
 
 
 def replies_as_they_arrive(
     grid: Grid,
     messages: Iterable[Message],
     timeout: float,
-    poll_s: float = POLL_S,
+    poll_s: float | None = None,
     nudges: NodesBehind | None = None,
     follow_up: Callable[[Message], Message | None] | None = None,
 ) -> Iterator[Message]:
     """Push ``messages`` and yield their replies one by one until all are in or ``timeout``
     seconds have passed (the ones still missing are then reported by the strategy). A reply
     for which ``follow_up`` gives a message is not yielded: that message is pushed, and its
-    reply awaited in its place (a node asking for the whole body, :mod:`dept.wire.download`)."""
+    reply awaited in its place (a node asking for the whole body, :mod:`dept.wire.download`).
+    ``poll_s`` fixes the time between pulls (default: :func:`poll_interval`)."""
     messages = list(messages)
     nodes = [m.metadata.dst_node_id for m in messages]
     node_of = dict(zip(grid.push_messages(messages), nodes, strict=True))
@@ -62,4 +73,4 @@ def replies_as_they_arrive(
             return
         if nudges is not None:
             nudges.waiting(grid, {node_of[m] for m in waiting}, len(waiting) < len(node_of))
-        time.sleep(poll_s)
+        time.sleep(poll_interval(len(waiting)) if poll_s is None else poll_s)

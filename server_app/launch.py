@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.util
 import json
 import os
 import shutil
@@ -32,6 +33,7 @@ from server_app.app_bundle import staged_app
 from server_app.config_pairs import parse_pairs
 from server_app.launch_clock import LAUNCHED_AT_VARIABLE, process_started_at, stamped
 from server_app.local_runtime import HTTP_PORT_VARIABLE, LocalRuntime, Stopped, stop_signals
+from server_app.process_federation import PROFILE, ProcessFederation, plan_nodes
 from server_app.resume import (
     RESUME_OPTIONS,
     check_no_earlier_run,
@@ -53,6 +55,8 @@ from server_app.sizing import (
 PATH_KEYS = ("sources-file", "output-dir", "state-dir")
 FLOWER_HOME = ".flwr"  # the run's own Flower home, in its output folder
 APP_FOLDER = "app"  # in it: the app's files flwr run bundles (server_app.app_bundle)
+PROCESSES_FOLDER = "processes"  # in it: the federation of processes' logs, workers, profile
+FEDERATIONS = ("auto", "processes", "ray")
 RUN_LOG = "run.log"  # with --no-stream
 HELP_WIDTH = 79
 LOW_DISK = 16 << 20  # free bytes below which a run's missing status is put down to its disk
@@ -127,21 +131,36 @@ def _is_path(key: str, value: Any) -> bool:
 def build_command(
     app: Path, run_config: dict[str, Any], num_nodes: int, share: ClientShare, stream: bool
 ) -> list[str]:
-    overrides = " ".join(f"{k}={_toml(v)}" for k, v in run_config.items())
+    """``flwr run`` in the simulation runtime (Ray), ``num_nodes`` clients each given ``share``."""
     federation = (
         f"num-supernodes={num_nodes} client-resources-num-gpus={share.gpus} "
         f"client-resources-num-cpus={share.cpus}"
     )
-    command = [
-        "flwr",
-        "run",
-        str(app),
-        "--federation-config",
-        federation,
-        "--run-config",
-        overrides,
-    ]
+    command = ["flwr", "run", str(app), "--federation-config", federation]
+    command += ["--run-config", run_config_text(run_config)]
     return [*command, "--stream"] if stream else command
+
+
+def processes_command(app: Path, run_config: dict[str, Any]) -> list[str]:
+    """``flwr run`` against the federation of processes' SuperLink (its profile)."""
+    overrides = run_config_text(run_config)
+    return ["flwr", "run", str(app), PROFILE, "--run-config", overrides, "--stream"]
+
+
+def run_config_text(run_config: dict[str, Any]) -> str:
+    return " ".join(f"{k}={_toml(v)}" for k, v in run_config.items())
+
+
+def federation_kind(asked: str, gpus: int) -> str:
+    """The runtime ``auto`` stands for on this machine: processes where Ray is missing or
+    GPUs are to be shared (Ray's fractional GPUs are Flower's most reported simulation
+    failure), else Ray, whose actors start once and answer each message without a new
+    process."""
+    if asked != "auto":
+        return asked
+    if gpus or importlib.util.find_spec("ray") is None:
+        return "processes"
+    return "ray"
 
 
 def _toml(value: Any) -> str:
@@ -194,6 +213,15 @@ def build_parser() -> argparse.ArgumentParser:
         default=0,
         metavar="N",
         help="simulated SuperNodes (default: one per source)",
+    )
+    parser.add_argument(
+        "--federation",
+        choices=FEDERATIONS,
+        default="auto",
+        help="how the nodes run: 'processes', a SuperLink and one SuperNode process per "
+        "source on loopback (no Ray; a node that dies is restarted), or 'ray', Flower's "
+        "simulation runtime (default 'auto': processes where GPUs are visible or Ray is "
+        "not installed, else ray)",
     )
     parser.add_argument(
         "--gpus-per-client",
@@ -279,23 +307,42 @@ def _launch(args: argparse.Namespace) -> int:
     runtime = LocalRuntime.for_run(out_dir / FLOWER_HOME, dict(os.environ))
     # --stream also makes flwr run wait for the run's end, which dept run needs
     bundled = staged_app(app, out_dir / FLOWER_HOME / APP_FOLDER)  # not the whole checkout
-    command = build_command(bundled, overrides, num_nodes, share, stream=True)
-    print(
-        stamped(
-            f"dept run: {num_nodes} SuperNodes, {share.describe()}; SuperLink on 127.0.0.1:"
-            f"{runtime.http_port}; outputs in {cfg.output_dir}"
-        ),
-        flush=True,
-    )
-    print(stamped(f"dept run: {state_line(cfg.state_dir)}"), flush=True)
     env = runtime.env(dict(os.environ))
     env[LAUNCHED_AT_VARIABLE] = repr(process_started_at())  # rounds count from the command
     if args.debug:
         env[DEBUG_VARIABLE] = "1"
+    federation = None
+    if federation_kind(args.federation, visible) == "processes":
+        root = out_dir / FLOWER_HOME / PROCESSES_FOLDER
+        plans = plan_nodes(sources, num_nodes, visible, machine_cores(), root)
+        federation = ProcessFederation(root, runtime, plans, env)
+        if not cfg.resume:  # round 0 waits for every node (a resumed run, for its sources)
+            overrides = {"min-available-nodes": min(num_nodes, len(sources)), **overrides}
+        command = processes_command(bundled, overrides)
+        env = federation.flwr_env()
+        print(
+            stamped(
+                f"dept run: {num_nodes} SuperNode processes (no Ray); SuperLink on "
+                f"{federation.address}; node logs in {federation.logs}; outputs in "
+                f"{cfg.output_dir}\n{federation.describe()}"
+            ),
+            flush=True,
+        )
+    else:
+        command = build_command(bundled, overrides, num_nodes, share, stream=True)
+        print(
+            stamped(
+                f"dept run: {num_nodes} SuperNodes, {share.describe()}; SuperLink on 127.0.0.1:"
+                f"{runtime.http_port}; outputs in {cfg.output_dir}"
+            ),
+            flush=True,
+        )
+    print(stamped(f"dept run: {state_line(cfg.state_dir)}"), flush=True)
     started = time.time()
     with stop_signals(), _log_to(out_dir / RUN_LOG if args.no_stream else None) as output:
         try:
-            code = _flwr_run(command, env, output)
+            with _nodes(federation, output):
+                code = _flwr_run(command, env, output)
         except Stopped as stop:
             return _stopped(stop, runtime, out_dir)
         finally:
@@ -307,6 +354,22 @@ def _launch(args: argparse.Namespace) -> int:
             f"(FLWR_HOME={runtime.flwr_home} {HTTP_PORT_VARIABLE}={runtime.http_port})"
         )
     return exit_code(out_dir, started, code)
+
+
+@contextlib.contextmanager
+def _nodes(federation: ProcessFederation | None, output: IO[str]) -> Iterator[None]:
+    """The federation of processes started and supervised while the block runs (nothing
+    for the Ray simulation, which ``flwr run`` starts itself)."""
+    if federation is None:
+        yield
+        return
+
+    def say(line: str) -> None:
+        print(stamped(f"dept run: {line}"), file=output, flush=True)
+
+    federation.start()
+    with federation.supervise(say):
+        yield
 
 
 @contextlib.contextmanager

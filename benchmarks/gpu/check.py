@@ -5,8 +5,10 @@
 
 Prints the device, torch and CUDA versions; measures training tokens/s and MFU of ``125m``
 and ``350m`` (bf16, fused AdamW, flash SDPA), eager and under ``torch.compile``
-(:mod:`benchmarks.gpu.training`); runs ``dept run`` on the four built-in sources sharing the
-GPU (Ray fractional GPUs) for two short rounds, and reports each round's wall time and its
+(:mod:`benchmarks.gpu.training`); runs ``dept run --federation processes`` on the four
+built-in sources sharing the GPU (a SuperNode process each, no Ray, Flower's commands run
+by this interpreter: a machine image without Ray or Flower's entry points runs it) for two
+short rounds, and reports each round's wall time and its
 orchestration share (round wall time minus the slowest client's training time, over the
 round's wall time: the clients train at once); runs a source on two processes (``nproc =
 2``, one GPU each) where two GPUs are visible. Writes one JSON (``--out``) and prints a table.
@@ -56,7 +58,7 @@ NO_GPU = (
 )
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 TRAINS_ON = re.compile(r"(\S+): trains on (.+)$")
-GPU_SHARE = re.compile(r"dept run: \d+ SuperNodes, .*each with ([0-9.]+) GPU")
+PLACEMENT = re.compile(r"^\s+node \d+ \((.*)\): (.+)$")  # dept run's line per node
 RANKS = re.compile(r"\[rank 0/(\d+)\]")  # what rank 0 of a multi-process source logs
 MULTI_SOURCE = "- {name: synth-latin, path: 'builtin:synthetic-latin', nproc: 2}\n"
 
@@ -182,16 +184,17 @@ def dept_run_step(name: str, plan: Plan, work: Path, rounds: int, sources: str =
         out.mkdir(parents=True, exist_ok=True)
         (out / "sources.yaml").write_text(sources)
         paths += f" sources-file='{out / 'sources.yaml'}'"
-    command = [sys.executable, "-m", "dept_cli", "run", "--no-stream", "-c", f"{settings} {paths}"]
+    command = [sys.executable, "-m", "dept_cli", "run", "--federation", "processes"]
+    command += ["--no-stream", "-c", f"{settings} {paths}"]
     return Step(
         name, plan.federation_cap_s, STOP_GRACE_S, command, lambda log: read_run(out / "run", log)
     )
 
 
 def read_run(out: Path, log: Path) -> dict[str, Any]:
-    """Per round: wall time, the clients' training times, the orchestration share; the GPU
-    share dept run gave each client (``log``: its output) and the devices the clients said
-    they train on (the run's log)."""
+    """Per round: wall time, the clients' training times, the orchestration share; what
+    dept run gave each node (``log``: its output) and the devices the clients said they
+    train on (the run's log)."""
     lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     walls = {line["round"]: line["wall_s"] for line in lines}
     rounds = []
@@ -215,10 +218,10 @@ def read_run(out: Path, log: Path) -> dict[str, Any]:
         )
     run_log = ANSI.sub("", (out / "run.log").read_text())
     devices = sorted({m.group(2) for m in map(TRAINS_ON.search, run_log.splitlines()) if m})
-    share = GPU_SHARE.search(log.read_text())
+    placed = (PLACEMENT.search(line) for line in ANSI.sub("", log.read_text()).splitlines())
     return {
         "rounds": rounds,
-        "gpus_per_client": float(share.group(1)) if share else None,
+        "node_placements": {m.group(1): m.group(2) for m in placed if m},
         "client_devices": devices,
         "processes": max((int(n) for n in RANKS.findall(run_log)), default=1),
     }

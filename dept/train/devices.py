@@ -53,6 +53,17 @@ def describe(device: torch.device) -> str:
     return str(device)
 
 
+def cap_gpu_memory(device: torch.device, fraction: float | None) -> str:
+    """Bound this process's allocations on ``device`` to ``fraction`` of its memory (several
+    nodes sharing one GPU: one that grows does not take the others' memory); what it was
+    bounded to, said beside the device ("" where nothing was bounded)."""
+    if device.type != "cuda" or not fraction or fraction >= 1:
+        return ""
+    torch.cuda.set_per_process_memory_fraction(fraction, device)
+    total = torch.cuda.get_device_properties(device).total_memory
+    return f", at most {fraction:.0%} of it ({fraction * total / 2**30:.1f} GiB)"
+
+
 def unused_gpus_warning(device: torch.device) -> str | None:
     """Why a node trains on the CPU of a machine with GPUs, and how to use them; None if
     it does not."""

@@ -65,8 +65,9 @@ def test_orchestration_share_is_the_round_less_its_slowest_client(tmp_path: Path
     )
     log = tmp_path / "dept-run.log"
     log.write_text(
-        "05:34:11 dept run: 2 SuperNodes, 2 training at a time, each with 0.5 GPU and 8 CPU "
-        "threads; SuperLink on 127.0.0.1:1\n"
+        "05:34:11 dept run: 2 SuperNode processes (no Ray); SuperLink on 127.0.0.1:1\n"
+        "  node 0 (s0): GPU 0 (shared by 2, at most 50% of its memory)\n"
+        "  node 1 (s1): GPU 0 (shared by 2, at most 50% of its memory)\n"
     )
 
     result = read_run(tmp_path, log)
@@ -77,7 +78,8 @@ def test_orchestration_share_is_the_round_less_its_slowest_client(tmp_path: Path
     assert second["sum_training_s"] == 17.0 and second["clients"] == 2
     assert [first["evaluated"], second["evaluated"]] == [0, 2]
     assert result["client_devices"] == ["cuda:0 (NVIDIA H200, 139.8 GiB)"]
-    assert result["gpus_per_client"] == 0.5 and result["processes"] == 2
+    assert result["node_placements"]["s1"] == "GPU 0 (shared by 2, at most 50% of its memory)"
+    assert result["processes"] == 2
     (row,) = table_rows([{"step": "f", "status": "ok", "seconds": 1.0, **result}])
     assert row[-2:] == (20.0, "25.0%"), "the table shows the round that only trained"
 
@@ -88,10 +90,17 @@ def _check(tmp_path: Path, extra: list[str]) -> dict:
     return json.loads(out.read_text())
 
 
-@pytest.mark.slow  # two dept run simulations (Ray): 2.4 min on 2 busy cores, 3.6 at worst seen
-def test_cpu_version_runs_every_step_and_says_no_gpu(
-    tmp_path: Path, capsys: pytest.CaptureFixture
+@pytest.mark.slow  # two dept run federations of processes
+def test_cpu_version_runs_every_step_and_says_no_gpu_without_ray_or_flowers_commands(
+    tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # the device image: no Ray (an import of it fails), no flwr entry points on PATH
+    no_ray = tmp_path / "no-ray" / "ray"
+    no_ray.mkdir(parents=True)
+    (no_ray / "__init__.py").write_text("raise ImportError('no Ray on this machine image')\n")
+    monkeypatch.setenv("PYTHONPATH", str(no_ray.parent))
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")
+
     result = _check(tmp_path, [])
 
     assert capsys.readouterr().out.splitlines()[0] == NO_GPU

@@ -1,0 +1,193 @@
+"""A node's ClientApp processes forked from one that has Flower imported already.
+
+Flower 1.42 runs every message in a new ``flwr-clientapp`` process, and each pays Python's
+start and Flower's imports (1.7 s of CPU on an idle core) before it reads the message:
+two processes per source and round, and on a machine where the nodes share the cores,
+more than the round's training at small and middle sizes. Where ``dept run`` starts the
+nodes itself (its federation of processes) its ``flwr-clientapp`` launcher asks this
+node's fork server instead (:func:`run_forked`, named by :data:`FOLDER_VARIABLE`), which
+forks a child with those imports done and runs Flower's own ``flwr_clientapp`` in it,
+with the same arguments. The launcher waits for that child and exits with its code, and
+passes on SIGTERM and SIGINT, so Flower's executor sees what it would have seen.
+
+The server is started by the first launcher that finds none (in the node's session, so
+killing the node kills it), exits when the node's executor is gone, and never imports
+this project's packages into what it forks: the child loads the app Flower installed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import select
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+FOLDER_VARIABLE = "DEPT_CLIENTAPP_FORKS"  # the node's fork server folder
+SOCKET, START_LOCK = "forks.sock", "start.lock"
+PROJECT_PACKAGES = ("client_app", "server_app", "dept", "dept_strategy", "dept_cli")
+START_S = 60.0
+POLL_S = 0.2
+FORWARDED = (signal.SIGTERM, signal.SIGINT)
+
+
+def run_forked(argv: list[str]) -> int:
+    """The launcher's side: a child of the node's fork server runs ``flwr-clientapp``
+    with ``argv``; its exit code. Without a server that answers, the ClientApp runs here."""
+    from client_app.warm import file_lock, private_folder
+
+    folder = private_folder(Path(os.environ[FOLDER_VARIABLE]))
+    sock = _dial(folder)
+    if sock is None:
+        with file_lock(folder / START_LOCK):
+            sock = _dial(folder) or _start(folder)
+    if sock is None:
+        return _in_this_process(argv)
+    with sock, sock.makefile("rwb") as stream:
+        stream.write(json.dumps({"argv": argv}).encode() + b"\n")
+        stream.flush()
+        child = int(json.loads(stream.readline())["pid"])
+        for each in FORWARDED:
+            signal.signal(each, lambda signum, _frame: _pass_on(child, signum))
+        answer = stream.readline()
+    return int(json.loads(answer)["code"]) if answer else 1
+
+
+def _pass_on(child: int, signum: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(child, signum)
+
+
+def _in_this_process(argv: list[str]) -> int:
+    from flwr.supernode.cli import flwr_clientapp
+
+    sys.argv = argv
+    flwr_clientapp()
+    return 0
+
+
+def _dial(folder: Path) -> socket.socket | None:
+    from client_app.warm import socket_address
+
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        with socket_address(folder, SOCKET) as address:
+            sock.connect(address)
+    except (FileNotFoundError, ConnectionRefusedError):
+        sock.close()
+        return None
+    return sock
+
+
+def _start(folder: Path) -> socket.socket | None:
+    """A fork server for ``folder``, watching the executor that started this launcher."""
+    command = [sys.executable, "-m", "client_app.fork_server", str(folder)]
+    process = subprocess.Popen([*command, "--watch-pid", str(os.getppid())])
+    deadline = time.monotonic() + START_S
+    while time.monotonic() < deadline and process.poll() is None:
+        sock = _dial(folder)
+        if sock is not None:
+            return sock
+        time.sleep(0.05)
+    return None
+
+
+def serve(folder: Path, watch_pid: int) -> None:
+    """Fork a ClientApp per request until ``watch_pid`` (the node's executor) is gone; one
+    thread only, so a child never inherits a lock another thread held."""
+    from flwr.supernode.cli import flwr_clientapp  # what every child would import
+
+    from client_app.warm import socket_address
+
+    path = folder / SOCKET
+    path.unlink(missing_ok=True)
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    with socket_address(folder, SOCKET) as address:
+        server.bind(address)
+    server.listen(64)
+    waiting: dict[int, socket.socket] = {}  # child pid -> its launcher's connection
+    while _alive(watch_pid):
+        ready, _, _ = select.select([server], [], [], POLL_S)
+        if ready:
+            conn, _ = server.accept()
+            request = json.loads(conn.makefile("rb").readline() or b"{}")
+            if "argv" not in request:
+                conn.close()
+                continue
+            child = os.fork()
+            if child == 0:
+                server.close()
+                conn.close()
+                _child(request["argv"], flwr_clientapp)
+            conn.sendall(json.dumps({"pid": child}).encode() + b"\n")
+            waiting[child] = conn
+        _reap(waiting)
+    path.unlink(missing_ok=True)
+
+
+def _child(argv: list[str], flwr_clientapp: object) -> None:
+    """In the forked child: Flower's ClientApp with ``argv``, this project's modules
+    forgotten (the app Flower installed is loaded instead); never returns."""
+    code = 1
+    try:
+        for each in FORWARDED:
+            signal.signal(each, signal.SIG_DFL)
+        for name in [m for m in sys.modules if m.split(".")[0] in PROJECT_PACKAGES]:
+            del sys.modules[name]
+        sys.argv = argv
+        flwr_clientapp()  # type: ignore[operator]
+        code = 0
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    except BaseException:  # reported as the process would have, then the exit
+        import traceback
+
+        traceback.print_exc()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
+def _reap(waiting: dict[int, socket.socket]) -> None:
+    """Send each ended child's exit code to its launcher."""
+    while waiting:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        conn = waiting.pop(pid, None)
+        if conn is not None:
+            with contextlib.suppress(OSError), conn:
+                code = os.waitstatus_to_exitcode(status)
+                conn.sendall(json.dumps({"code": code}).encode() + b"\n")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, another user's: not the executor, but do not guess
+        return True
+    return True
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m client_app.fork_server")
+    parser.add_argument("folder", type=Path)
+    parser.add_argument("--watch-pid", type=int, required=True)
+    args = parser.parse_args()
+    serve(args.folder, args.watch_pid)
+
+
+if __name__ == "__main__":
+    main()
