@@ -27,6 +27,7 @@ from transformers import (
     PreTrainedModel,
 )
 
+from dept.model.attention import register_causal_sdpa
 from dept.paths import resolve_path
 
 INIT_STD = 0.02
@@ -205,7 +206,7 @@ def build_config(name: str, vocab_size: int, max_seq_len: int, tie: bool) -> Pre
         "pad_token_id": None,
         "bos_token_id": None,
         "eos_token_id": None,
-        "attn_implementation": "sdpa",
+        "attn_implementation": register_causal_sdpa(),  # flash where it can (attention.py)
     }
     if not choice.from_file:
         settings[family.max_positions_key] = max_seq_len
