@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# The compose federation for real: build the images, bring docker/compose.yml up with four
-# sources (the fourth through its profile), run a short `debug` federation with `flwr run`,
-# kill one SuperNode mid-round and recreate it on its state volume; then the same with
-# docker/compose.tls.yml (TLS, SuperNode authentication, the gateway) and an outsider on the
-# nodes' network. Each result is checked, and everything is taken down again, on failure too.
+# The compose federation for real: build the images, bring docker/compose.yml up with
+# docker/compose.tls.yml (TLS, SuperNode authentication, the gateway) and three sources, send
+# an outsider onto the nodes' network, run a short `debug` federation with `flwr run`, kill
+# one SuperNode and its executor mid-round and recreate them on their state volume. Each
+# result is checked, and everything is taken down again, on failure too.
 #
 #   docker/smoke.sh        # needs the project installed (flwr, dept) and podman or docker
 #
@@ -13,7 +13,6 @@
 #              pulled flwr/* and nginx images
 # SMOKE_OUT    where logs, summaries and build times are kept (default: a temporary folder)
 # SMOKE_WAIT_S the bound on each wait (default 900 s)
-# SMOKE_PHASES which federations, in order (default "plain tls")
 # A torch wheel in docker/wheels/ (the newest, by name) is installed instead of the index's.
 # Containers, networks and volumes are named dept-smoke-<pid>-*; the images keep their tags.
 set -euo pipefail
@@ -23,7 +22,6 @@ PROJECT=$(dirname "$DOCKER")
 ENGINE=${ENGINE:-$(command -v podman >/dev/null && echo podman || echo docker)}
 if [ "$ENGINE" = podman ]; then COMPOSE=(podman-compose); else COMPOSE=(docker compose); fi
 WAIT_S=${SMOKE_WAIT_S:-900}
-PHASES=${SMOKE_PHASES:-plain tls}
 PREFIX=dept-smoke-$$
 OUT=${SMOKE_OUT:-$(mktemp -d)}
 WORK=$(mktemp -d)
@@ -38,13 +36,13 @@ fail() {
 }
 compose() { (cd "$DOCKER" && "${COMPOSE[@]}" "$@"); }
 
-# Four ClientApp executors on one small machine: at torch's default of a thread per core each,
+# Three ClientApp executors on one small machine: at torch's default of a thread per core each,
 # their threads outnumber the cores and wait on each other (the debug model's steps went from
 # milliseconds to seconds, and rounds past their timeout, on 2 loaded cores). One thread each.
 THREADS=$WORK/one-thread-each.yml
 {
     echo "services:"
-    for node in 1 2 3 4; do
+    for node in 1 2 3; do
         printf '  superexec-clientapp-%s:\n    environment:\n      OMP_NUM_THREADS: "1"\n' "$node"
     done
 } >"$THREADS"
@@ -164,40 +162,6 @@ print(f"  {source}: lost in round 2, trained again in round 3")
 PY
 }
 
-plain_phase() {
-    PHASE=plain
-    local args=(-p "$PREFIX-plain" -f compose.yml -f "$THREADS" --profile node-4)
-    PROJECTS+=("${args[*]}")
-    export SUPERLINK_PORT
-    SUPERLINK_PORT=$(free_port)
-    compose "${args[@]}" up -d >"$OUT/plain-up.log" 2>&1 || fail "plain: up"
-    profile "$FLWR_HOME/config.toml" "127.0.0.1:$SUPERLINK_PORT"
-    wait_for 120 "the SuperLink" flwr supernode ls
-    # Before any message: the executor started the node's warm worker (compose.yml).
-    wait_for 180 "node-1's warm worker, started with its executor" logs_match \
-        superexec-clientapp-1 "warm worker [0-9]+: serving /app/state/warm-worker" "${args[@]}"
-    # Each step waits 0.25 s: a round trains 10 s, so the kill lands while node-1 trains,
-    # not after it has saved round 2 (150 undelayed steps took under the 2 s poll here).
-    start_run 3 4 40 0.25
-
-    wait_for "$WAIT_S" "node-1 training in round 2" \
-        logs_match superexec-clientapp-1 "round 2 $NODE1_SOURCE: step" "${args[@]}"
-    compose "${args[@]}" kill supernode-1 superexec-clientapp-1 >/dev/null 2>&1
-    log "plain: node-1 (SuperNode and executor) killed mid-round; recreating it"
-    compose "${args[@]}" up -d --no-deps --force-recreate supernode-1 superexec-clientapp-1 \
-        >>"$OUT/plain-up.log" 2>&1 || fail "plain: recreating node-1"
-    finish_run "${args[@]}"
-
-    compose "${args[@]}" logs superexec-clientapp-1 >"$OUT/plain/node-1.log" 2>&1
-    sed 's/\x1b\[[0-9;]*m//g' "$OUT/plain/node-1.log" | grep -E "embeddings from the state of round [0-9]+" |
-        tail -1 >"$OUT/plain/reload.txt" || fail "plain: node-1 did not reload its embeddings"
-    log "plain: recreated node-1 says: $(cat "$OUT/plain/reload.txt")"
-    ! grep -q "code changed, retiring" "$OUT/plain/node-1.log" ||
-        fail "plain: node-1's warm worker, started with its executor, ran other code than the run"
-    check_comeback "$NODE1_SOURCE"
-    check_summary "$NODE1_SOURCE" synth-cyrillic synth-greek synth-georgian
-}
-
 own() { # own FILE...: the images' user (uid 49999) must read these 0600 keys
     if [ "$ENGINE" = podman ] && [ "$(id -u)" != 0 ]; then
         podman unshare chown 49999:49999 "$@"
@@ -254,9 +218,29 @@ tls_phase() {
             fail "tls: registering node-$node"
     done
     compose "${args[@]}" up -d >>"$OUT/tls-up.log" 2>&1 || fail "tls: up the nodes"
-    start_run 2 3 4
+    # Before any message: the executor started the node's warm worker (compose.yml).
+    wait_for 180 "node-1's warm worker, started with its executor" logs_match \
+        superexec-clientapp-1 "warm worker [0-9]+: serving /app/state/warm-worker" "${args[@]}"
+    # Each step waits 0.25 s: a round trains 10 s, so the kill lands while node-1 trains,
+    # not after it has saved round 2 (150 undelayed steps took under the 2 s poll here).
+    start_run 3 3 40 0.25
     check_outsider
+
+    wait_for "$WAIT_S" "node-1 training in round 2" \
+        logs_match superexec-clientapp-1 "round 2 $NODE1_SOURCE: step" "${args[@]}"
+    compose "${args[@]}" kill supernode-1 superexec-clientapp-1 >/dev/null 2>&1
+    log "tls: node-1 (SuperNode and executor) killed mid-round; recreating it"
+    compose "${args[@]}" up -d --no-deps --force-recreate supernode-1 superexec-clientapp-1 \
+        >>"$OUT/tls-up.log" 2>&1 || fail "tls: recreating node-1"
     finish_run "${args[@]}"
+
+    compose "${args[@]}" logs superexec-clientapp-1 >"$OUT/tls/node-1.log" 2>&1
+    sed 's/\x1b\[[0-9;]*m//g' "$OUT/tls/node-1.log" | grep -E "embeddings from the state of round [0-9]+" |
+        tail -1 >"$OUT/tls/reload.txt" || fail "tls: node-1 did not reload its embeddings"
+    log "tls: recreated node-1 says: $(cat "$OUT/tls/reload.txt")"
+    ! grep -q "code changed, retiring" "$OUT/tls/node-1.log" ||
+        fail "tls: node-1's warm worker, started with its executor, ran other code than the run"
+    check_comeback "$NODE1_SOURCE"
     check_summary "$NODE1_SOURCE" synth-cyrillic synth-greek
 }
 
@@ -266,17 +250,12 @@ tls_phase() {
 command -v "${COMPOSE[0]}" >/dev/null || fail "${COMPOSE[*]} is needed (pip install podman-compose)"
 "$ENGINE" info >/dev/null 2>&1 || fail "$ENGINE does not answer ($ENGINE info)"
 export FLWR_HOME=$WORK/flwr-home FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1
-export NODE1_DATA=$WORK/data NODE2_DATA=$WORK/data NODE3_DATA=$WORK/data NODE4_DATA=$WORK/data
+export NODE1_DATA=$WORK/data NODE2_DATA=$WORK/data NODE3_DATA=$WORK/data
 export NODE1_SOURCE=${NODE1_SOURCE:-synth-latin}
 mkdir -p "$WORK/data"
 
 log "building with $ENGINE${PYTHON_BASE:+ on $PYTHON_BASE}"
 build_images
-for phase in $PHASES; do
-    case $phase in
-    plain) log "plain federation: 4 sources, 3 rounds, node-1 killed in round 2" && plain_phase ;;
-    tls) log "TLS federation: node authentication, the gateway, an outsider" && tls_phase ;;
-    *) fail "unknown phase $phase in SMOKE_PHASES (plain, tls)" ;;
-    esac
-done
+log "TLS federation: node authentication, the gateway, an outsider, node-1 killed in round 2"
+tls_phase
 log "passed; logs, summaries and build times in $OUT"
