@@ -50,7 +50,7 @@ if __name__ == "__main__":
 """
 
 
-PULL_S = 0.25  # at most this long between a SuperNode's pulls (Flower 1.42: 3 s)
+PULL_S = 0.5  # at most this long between a SuperNode's pulls (Flower 1.42: 3 s)
 HEARTBEAT_S = 10  # a SuperNode's heartbeat interval (Flower 1.42: 30 s; its least: 10 s)
 
 

@@ -1,4 +1,5 @@
-"""``dept run``: ``flwr run`` in the simulation runtime, sized for this run and this machine.
+"""``dept run``: ``flwr run`` on Ray's simulation or a federation of processes
+(:mod:`server_app.process_federation`), sized for this run and this machine.
 
 What it does is :data:`DESCRIPTION`, which ``--help`` prints with the run config keys.
 """
@@ -62,7 +63,10 @@ HELP_WIDTH = 79
 LOW_DISK = 16 << 20  # free bytes below which a run's missing status is put down to its disk
 INDENT = " " * 6  # of a run config key's doc under its name
 DESCRIPTION = """\
-Run DEPT: flwr run in the simulation runtime, sized for this run and machine.
+Run DEPT on this machine: flwr run in the simulation runtime (Ray), or a SuperLink
+and one SuperNode process per source (--federation processes, no Ray: the
+default where GPUs are visible or Ray is not installed), sized for this run and
+machine.
 
 Plain "flwr run ." starts two simulated SuperNodes, hides GPUs from ClientApps
 and shares one background SuperLink (fixed ports) with every user of the

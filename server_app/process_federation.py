@@ -41,7 +41,7 @@ RESTART_LIMIT = 5  # restarts per node; after that the run goes on without it
 POLL_S = 1.0
 # How often each node's executor asks its SuperNode for a ClientApp to start (Flower: 1 s,
 # a second of every message's wait)
-EXECUTOR_POLL = {"FLWR_SUPEREXEC_TASK_POLL_INTERVAL": "0.1"}
+EXECUTOR_POLL = {"FLWR_SUPEREXEC_TASK_POLL_INTERVAL": "0.25"}
 SUPERLINK_START_S = 60.0
 
 

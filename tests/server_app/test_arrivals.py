@@ -9,7 +9,7 @@ import pytest
 from flwr.app import ConfigRecord, Message, RecordDict
 from flwr.supercore.task_identity import TaskIdentity
 
-from server_app.arrivals import replies_as_they_arrive
+from server_app.arrivals import poll_interval, replies_as_they_arrive
 
 
 @pytest.fixture(autouse=True)
@@ -142,3 +142,9 @@ def test_a_reply_followed_up_is_replaced_by_the_reply_to_its_follow_up() -> None
 
     assert asked == [2], "the first reply of node 2 was followed up"
     assert sorted(answered_nodes) == [1, 2, 3], "and node 2's second reply came in its place"
+
+
+def test_a_few_missing_replies_are_pulled_often_and_many_less_often() -> None:
+    assert poll_interval(1) == 0.25  # a small federation's round waits for no poll
+    assert poll_interval(8) == 0.5
+    assert poll_interval(500) == 1.0  # at most PULLS_PER_S requests a second
