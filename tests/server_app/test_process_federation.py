@@ -87,6 +87,7 @@ def cfg_first_source(cfg: DeptConfig) -> str:
     return run_sources(cfg)[0].name
 
 
+@pytest.mark.slow  # starts Flower's commands (2 s)
 def test_the_launchers_run_flowers_commands_on_this_interpreter_with_nothing_on_path(
     tmp_path: Path,
 ) -> None:
@@ -102,6 +103,7 @@ def test_the_launchers_run_flowers_commands_on_this_interpreter_with_nothing_on_
     assert "--runtime-api-address" in shown.stdout
 
 
+@pytest.mark.slow  # starts a fork server and two ClientApps (3 s)
 def test_a_nodes_clientapps_are_forked_by_one_server_and_exit_with_flowers_code(
     tmp_path: Path,
 ) -> None:

@@ -48,7 +48,11 @@ class OneActorGrid(LocalGrid):
         return super().pull_messages(due)
 
 
-@pytest.mark.parametrize("simulation", [True, False], ids=["simulation", "deployment"])
+@pytest.mark.parametrize(
+    "simulation",
+    [True, pytest.param(False, marks=pytest.mark.slow)],  # 14 s: the fast tier's limit
+    ids=["simulation", "deployment"],
+)
 def test_a_queued_node_is_waited_for_not_nudged(
     tmp_path: Path,
     node_cache: Path,

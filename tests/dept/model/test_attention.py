@@ -31,7 +31,7 @@ def sdpa_calls() -> Iterator[list[dict]]:
 
 
 @pytest.mark.parametrize("model", ["llama:debug", "gpt2:debug"])
-@pytest.mark.parametrize("compiled", [False, True])
+@pytest.mark.parametrize("compiled", [False, pytest.param(True, marks=pytest.mark.slow)])
 def test_packed_windows_reach_sdpa_with_no_mask_tensor(
     model: str, compiled: bool, sdpa_calls: list[dict]
 ) -> None:
