@@ -194,7 +194,7 @@ def dept_run_step(name: str, plan: Plan, work: Path, rounds: int, sources: str =
 def read_run(out: Path, log: Path) -> dict[str, Any]:
     """Per round: wall time, the clients' training times, the orchestration share; what
     dept run gave each node (``log``: its output) and the devices the clients said they
-    train on (the run's log)."""
+    train on (the run's log, and the nodes' logs of a federation of processes)."""
     lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     walls = {line["round"]: line["wall_s"] for line in lines}
     rounds = []
@@ -216,7 +216,9 @@ def read_run(out: Path, log: Path) -> dict[str, Any]:
                 "orchestration_share": (wall - slowest) / wall if wall > 0 else None,
             }
         )
-    run_log = ANSI.sub("", (out / "run.log").read_text())
+    # the clients' lines: in the run's log under Ray, in each node's log as processes
+    logs = [out / "run.log", *sorted((out / ".flwr" / "processes" / "logs").glob("node-*.log"))]
+    run_log = ANSI.sub("", "".join(path.read_text(errors="replace") for path in logs))
     devices = sorted({m.group(2) for m in map(TRAINS_ON.search, run_log.splitlines()) if m})
     placed = (PLACEMENT.search(line) for line in ANSI.sub("", log.read_text()).splitlines())
     return {
