@@ -110,9 +110,10 @@ def _copy(popen: subprocess.Popen, log: IO[str]) -> None:
 
 @dataclass
 class NodeProcess:
+    """A SuperNode started from ``plan``, and how often it was started again."""
+
     plan: NodePlan
     popen: subprocess.Popen
-    port: int  # the SuperNode's own Runtime API, where its executor takes tasks
     restarts: int = 0
 
 
@@ -162,11 +163,10 @@ class ProcessFederation:
         self.nodes = [self._start_node(plan) for plan in self.plans]
 
     def _start_node(self, plan: NodePlan, restarts: int = 0) -> NodeProcess:
-        port = free_port(self.env)
         command = ["flower-supernode", "--insecure", "--superlink", self.address]
-        command += ["--port", str(port), "--node-config", plan.node_config]
+        command += ["--port", str(free_port(self.env)), "--node-config", plan.node_config]
         popen = self._spawn(f"node-{plan.index}", command, plan.env, append=restarts > 0)
-        return NodeProcess(plan, popen, port, restarts)
+        return NodeProcess(plan, popen, restarts)
 
     def _spawn(
         self, name: str, command: list[str], env: dict[str, str], append: bool = False
