@@ -114,3 +114,21 @@ def test_each_source_says_its_device_once_per_run(
     warned = [r for r in caplog.records if r.levelno == logging.WARNING]
     assert len(said) == 1 and len(warned) == 1
     assert "python: training on the CPU although this machine has 8" in warned[0].getMessage()
+
+
+def test_a_cpu_node_has_no_gpu_memory_to_bound() -> None:
+    assert devices.cap_gpu_memory(torch.device("cpu"), 0.25) == ""
+
+
+@pytest.mark.gpu
+def test_a_node_sharing_a_gpu_cannot_allocate_past_its_share() -> None:
+    device = torch.device("cuda", 0)
+    total = torch.cuda.get_device_properties(device).total_memory
+    try:
+        said = devices.cap_gpu_memory(device, 0.25)
+        assert said.startswith(", at most 25% of it (")
+        with pytest.raises(torch.OutOfMemoryError):
+            torch.empty(int(total * 0.3), dtype=torch.uint8, device=device)
+    finally:
+        torch.cuda.set_per_process_memory_fraction(1.0, device)
+        torch.cuda.empty_cache()
