@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -123,23 +124,26 @@ def _fraction(node_config: dict[str, Any]) -> float | None:
     """The node's ``gpu-memory-fraction``, a number in (0, 1], or a :class:`ConfigError`."""
     if GPU_MEMORY_KEY not in node_config:
         return None
-    value = node_config[GPU_MEMORY_KEY]
-    try:
-        fraction = float(value)
-    except (TypeError, ValueError):
-        fraction = math.nan
-    if isinstance(value, bool) or not 0 < fraction <= 1:
-        raise ConfigError(f"node config key {GPU_MEMORY_KEY!r} is {value!r}: must be in (0, 1]")
-    return fraction
+    return _number(node_config, GPU_MEMORY_KEY, lambda x: 0 < x <= 1, "in (0, 1]")
 
 
 def _seconds(node_config: dict[str, Any], key: str) -> float:
     """The node's ``key``, a number of seconds >= 0, or a :class:`ConfigError` naming it."""
+    return _number(
+        node_config, key, lambda x: math.isfinite(x) and x >= 0, "a number of seconds >= 0"
+    )
+
+
+def _number(
+    node_config: dict[str, Any], key: str, accepts: Callable[[float], bool], rule: str
+) -> float:
+    """The node's ``key`` as a number that ``accepts`` takes, or a :class:`ConfigError`
+    saying it must be ``rule`` (a bool or a non-number never is)."""
     value = node_config[key]
     try:
-        seconds = float(value)
+        number = float(value)
     except (TypeError, ValueError):
-        seconds = math.nan
-    if isinstance(value, bool) or not math.isfinite(seconds) or seconds < 0:
-        raise ConfigError(f"node config key {key!r} is {value!r}: must be a number of seconds >= 0")
-    return seconds
+        number = math.nan
+    if isinstance(value, bool) or not accepts(number):
+        raise ConfigError(f"node config key {key!r} is {value!r}: must be {rule}")
+    return number
