@@ -34,8 +34,6 @@ from dept.wire.fragments import FragmentPlan
 
 log = logging.getLogger(__name__)
 RUN_ID_PATTERN = re.compile(r"[A-Za-z0-9_-]{1,64}")
-# what each source's GPU memory was bounded to in this process (node key gpu-memory-fraction)
-_gpu_bounds: dict[tuple[str, str], str] = {}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,8 +81,7 @@ def _say_device(client: SourceClient, first: bool) -> None:
     where this machine's GPUs go unused."""
     if not first:
         return
-    bound = _gpu_bounds.get((client.spec.name, str(client.device)), "")
-    log.info("%s: trains on %s%s", client.spec.name, describe(client.device), bound)
+    log.info("%s: trains on %s", client.spec.name, describe(client.device))
     unused = unused_gpus_warning(client.device)
     if unused:
         log.warning("%s: %s", client.spec.name, unused)
@@ -102,8 +99,7 @@ def _set_up(run_id: str, source: str, run_config: str, node_config: str) -> Sour
     cfg = setup.own_config(cfg)
     workspace = Workspace(setup.state_root, run_id, setup.spec.name)
     client = SourceClient(cfg, setup.spec, workspace, setup.all_sources, setup.global_tokenizer)
-    bound = cap_gpu_memory(client.device, setup.gpu_memory_fraction)
-    _gpu_bounds[(client.spec.name, str(client.device))] = bound
+    cap_gpu_memory(client.device, setup.gpu_memory_fraction)
     return client
 
 

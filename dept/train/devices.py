@@ -43,25 +43,26 @@ def machine_gpus() -> int:
 
 
 def describe(device: torch.device) -> str:
-    """``device`` with what it is: ``cuda:0 (NVIDIA H100 80GB HBM3, 79.1 GiB)``."""
+    """``device`` with what it is: ``cuda:0 (NVIDIA H100 80GB HBM3, 79.1 GiB)``, and where
+    this process is bounded to a share of it (:func:`cap_gpu_memory`), that share."""
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)
-        return f"{device} ({props.name}, {props.total_memory / 2**30:.1f} GiB)"
+        total = props.total_memory / 2**30
+        fraction = torch.cuda.get_per_process_memory_fraction(device)
+        bound = f", at most {fraction:.0%}: {fraction * total:.1f} GiB" if 0 < fraction < 1 else ""
+        return f"{device} ({props.name}, {total:.1f} GiB{bound})"
     if device.type == "cpu":
         threads = torch.get_num_threads()
         return f"cpu ({threads} thread{'' if threads == 1 else 's'})"
     return str(device)
 
 
-def cap_gpu_memory(device: torch.device, fraction: float | None) -> str:
+def cap_gpu_memory(device: torch.device, fraction: float | None) -> None:
     """Bound this process's allocations on ``device`` to ``fraction`` of its memory (several
-    nodes sharing one GPU: one that grows does not take the others' memory); what it was
-    bounded to, said beside the device ("" where nothing was bounded)."""
-    if device.type != "cuda" or not fraction or fraction >= 1:
-        return ""
-    torch.cuda.set_per_process_memory_fraction(fraction, device)
-    total = torch.cuda.get_device_properties(device).total_memory
-    return f", at most {fraction:.0%} of it ({fraction * total / 2**30:.1f} GiB)"
+    nodes sharing one GPU: one that grows does not take the others' memory); :func:`describe`
+    then says it."""
+    if device.type == "cuda" and fraction and fraction < 1:
+        torch.cuda.set_per_process_memory_fraction(fraction, device)
 
 
 def unused_gpus_warning(device: torch.device) -> str | None:
