@@ -29,6 +29,8 @@ import sys
 import time
 from pathlib import Path
 
+from client_app.node_sockets import dial, file_lock, private_folder, socket_address, watch
+
 FOLDER_VARIABLE = "DEPT_CLIENTAPP_FORKS"  # the node's fork server folder
 SOCKET, START_LOCK = "forks.sock", "start.lock"
 PROJECT_PACKAGES = ("client_app", "server_app", "dept", "dept_strategy", "dept_cli")
@@ -40,13 +42,11 @@ FORWARDED = (signal.SIGTERM, signal.SIGINT)
 def run_forked(argv: list[str]) -> int:
     """The launcher's side: a child of the node's fork server runs ``flwr-clientapp``
     with ``argv``; its exit code. Without a server that answers, the ClientApp runs here."""
-    from client_app.warm import file_lock, private_folder
-
     folder = private_folder(Path(os.environ[FOLDER_VARIABLE]))
-    sock = _dial(folder)
+    sock = dial(folder, SOCKET)
     if sock is None:
         with file_lock(folder / START_LOCK):
-            sock = _dial(folder) or _start(folder)
+            sock = dial(folder, SOCKET) or _start(folder)
     if sock is None:
         return _in_this_process(argv)
     with sock, sock.makefile("rwb") as stream:
@@ -72,26 +72,13 @@ def _in_this_process(argv: list[str]) -> int:
     return 0
 
 
-def _dial(folder: Path) -> socket.socket | None:
-    from client_app.warm import socket_address
-
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        with socket_address(folder, SOCKET) as address:
-            sock.connect(address)
-    except (FileNotFoundError, ConnectionRefusedError):
-        sock.close()
-        return None
-    return sock
-
-
 def _start(folder: Path) -> socket.socket | None:
     """A fork server for ``folder``, watching the executor that started this launcher."""
     command = [sys.executable, "-m", "client_app.fork_server", str(folder)]
     process = subprocess.Popen([*command, "--watch-pid", str(os.getppid())])
     deadline = time.monotonic() + START_S
     while time.monotonic() < deadline and process.poll() is None:
-        sock = _dial(folder)
+        sock = dial(folder, SOCKET)
         if sock is not None:
             return sock
         time.sleep(0.05)
@@ -103,8 +90,9 @@ def serve(folder: Path, watch_pid: int) -> None:
     thread only, so a child never inherits a lock another thread held."""
     from flwr.supernode.cli import flwr_clientapp  # what every child would import
 
-    from client_app.warm import socket_address
-
+    watched = watch(watch_pid)
+    if watched is None:
+        return
     path = folder / SOCKET
     path.unlink(missing_ok=True)
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -112,9 +100,11 @@ def serve(folder: Path, watch_pid: int) -> None:
         server.bind(address)
     server.listen(64)
     waiting: dict[int, socket.socket] = {}  # child pid -> its launcher's connection
-    while _alive(watch_pid):
-        ready, _, _ = select.select([server], [], [], POLL_S)
-        if ready:
+    while True:
+        ready, _, _ = select.select([server.fileno(), watched], [], [], POLL_S)
+        if watched in ready:  # the executor is gone
+            break
+        if server.fileno() in ready:
             conn, _ = server.accept()
             request = json.loads(conn.makefile("rb").readline() or b"{}")
             if "argv" not in request:
@@ -169,16 +159,6 @@ def _reap(waiting: dict[int, socket.socket]) -> None:
             with contextlib.suppress(OSError), conn:
                 code = os.waitstatus_to_exitcode(status)
                 conn.sendall(json.dumps({"code": code}).encode() + b"\n")
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # alive, another user's: not the executor, but do not guess
-        return True
-    return True
 
 
 def main() -> None:

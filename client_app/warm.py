@@ -13,7 +13,6 @@ Light on purpose: nothing here imports torch.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
 import os
 import secrets
@@ -29,6 +28,7 @@ from typing import Any
 from flwr.app import RecordDict
 
 from client_app import channel
+from client_app.node_sockets import dial, file_lock, private_folder
 from dept.paths import default_state_root, resolve_path
 
 WARM_KEY = "warm-worker"  # node config: true (default in deployment) or false
@@ -41,7 +41,6 @@ FOLDER = "warm-worker"
 SOCKET, TOKEN, LIFE_LOCK, START_LOCK = "worker.sock", "token", "worker.lock", "start.lock"
 START_S = 300.0  # a loaded machine takes half a minute to import torch alone
 DIAL_POLL_S = 0.1
-MAX_SOCKET_PATH = 100  # AF_UNIX paths end at 108 bytes; longer ones go through /proc
 CODE_PACKAGES = ("client_app", "dept")  # what the worker runs: a changed app retires it
 PACKAGE_ROOT = Path(__file__).resolve().parents[1]
 
@@ -59,17 +58,6 @@ def worker_folder(node_config: Mapping[str, Any], run_config: Mapping[str, Any])
     state = node_config.get("state-dir") or run_config.get("state-dir")
     root = resolve_path(str(state)) if state else default_state_root()
     return root / FOLDER
-
-
-def private_folder(folder: Path) -> Path:
-    """``folder``, created 0700; refused if another user owns it or may enter it."""
-    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-    info = folder.stat()
-    if info.st_uid != os.getuid():
-        raise PermissionError(f"{folder} belongs to another user: not a channel for this node")
-    if info.st_mode & 0o077:
-        os.chmod(folder, 0o700)  # ours, made by an older umask: close it
-    return folder
 
 
 def node_token(folder: Path) -> str:
@@ -91,34 +79,6 @@ def code_digest() -> str:
             digest.update(str(path.relative_to(PACKAGE_ROOT)).encode() + b"\0")
             digest.update(path.read_bytes())
     return digest.hexdigest()[:16]
-
-
-@contextlib.contextmanager
-def socket_address(folder: Path, name: str = SOCKET) -> Iterator[str]:
-    """The address of socket ``name`` in ``folder``; a long path goes through
-    ``/proc/self/fd`` (Linux), whose length does not depend on the folder's."""
-    path = folder / name
-    if len(str(path)) <= MAX_SOCKET_PATH:
-        yield str(path)
-        return
-    fd = os.open(folder, os.O_PATH)
-    try:
-        yield f"/proc/self/fd/{fd}/{name}"
-    finally:
-        os.close(fd)
-
-
-@contextlib.contextmanager
-def file_lock(path: Path, blocking: bool = True) -> Iterator[bool]:
-    """An exclusive ``flock`` on ``path`` (whether it was got). The kernel drops it when
-    its holder dies, so a killed worker never leaves a stale lock."""
-    with open(path, "a") as handle:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
-        except BlockingIOError:
-            yield False
-            return
-        yield True
 
 
 @dataclass
@@ -178,22 +138,12 @@ class WarmWorker:
 
     @contextlib.contextmanager
     def _connected(self, folder: Path) -> Iterator[socket.socket]:
-        sock = self._dial(folder)
+        sock = dial(folder, SOCKET)
         if sock is None:
             with file_lock(folder / START_LOCK):  # one ClientApp starts it, the others wait
-                sock = self._dial(folder) or self._start(folder)
+                sock = dial(folder, SOCKET) or self._start(folder)
         with sock:
             yield sock
-
-    def _dial(self, folder: Path) -> socket.socket | None:
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            with socket_address(folder) as address:
-                sock.connect(address)
-        except (FileNotFoundError, ConnectionRefusedError):  # none, or a dead one's socket
-            sock.close()
-            return None
-        return sock
 
     def _start(self, folder: Path) -> socket.socket:
         node_token(folder)
@@ -207,7 +157,7 @@ class WarmWorker:
         )
         deadline = time.monotonic() + START_S
         while time.monotonic() < deadline:
-            sock = self._dial(folder)
+            sock = dial(folder, SOCKET)
             if sock is not None:
                 return sock
             if process.poll() is not None:

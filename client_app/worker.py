@@ -41,17 +41,9 @@ from typing import Any
 from flwr.common.logger import FLOWER_LOGGER
 
 from client_app import channel
+from client_app.node_sockets import file_lock, private_folder, socket_address, watch
 from client_app.tasks import Task, run_task
-from client_app.warm import (
-    DEFAULT_IDLE_S,
-    LIFE_LOCK,
-    SOCKET,
-    code_digest,
-    file_lock,
-    node_token,
-    private_folder,
-    socket_address,
-)
+from client_app.warm import DEFAULT_IDLE_S, LIFE_LOCK, SOCKET, code_digest, node_token
 from dept.logs import drop_misleading_notices, route_to
 from dept.state.workspace import Workspace
 
@@ -100,7 +92,7 @@ def _listening(folder: Path) -> Iterator[socket.socket]:
         (folder / SOCKET).unlink()
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
-        with socket_address(folder) as address:
+        with socket_address(folder, SOCKET) as address:
             listener.bind(address)
         os.chmod(folder / SOCKET, 0o600)
         listener.listen(BACKLOG)
@@ -176,11 +168,11 @@ def _watch(pid: int | None) -> int | None:
     """A pidfd that turns readable when ``pid`` exits (Linux 5.3+); exits now if it has."""
     if pid is None:
         return None
-    try:
-        return os.pidfd_open(pid)
-    except ProcessLookupError:
+    watched = watch(pid)
+    if watched is None:
         log.info("warm worker: process %d is already gone, exiting", pid)
         sys.exit(0)
+    return watched
 
 
 if __name__ == "__main__":
