@@ -18,6 +18,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from types import ModuleType
 
+from client_app.fork_server import FOLDER_VARIABLE
+
 # Flower 1.42's console scripts (its entry_points.txt): command -> (module, function); the
 # SuperNode's with quicker pulls (supernode_on_loopback)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -42,7 +44,7 @@ CLIENTAPP_LAUNCHER = """\
 import os
 import sys
 if __name__ == "__main__":
-    if os.environ.get("DEPT_CLIENTAPP_FORKS"):
+    if os.environ.get("{forks}"):
         from client_app.fork_server import run_forked
         sys.exit(run_forked(sys.argv))
     from {module} import {function}
@@ -95,7 +97,9 @@ def command_folder(folder: Path) -> Path:
     for command, (module, function) in COMMANDS.items():
         path = folder / command
         template = CLIENTAPP_LAUNCHER if command == "flwr-clientapp" else LAUNCHER
-        text = template.format(python=sys.executable, module=module, function=function)
+        text = template.format(
+            python=sys.executable, module=module, function=function, forks=FOLDER_VARIABLE
+        )
         if not path.is_file() or path.read_text() != text:
             path.write_text(text)
             path.chmod(0o755)

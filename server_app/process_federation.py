@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
+from client_app.fork_server import FOLDER_VARIABLE
 from dept.data.sources import SourceSpec
 from server_app.flower_commands import command_folder, with_commands
 from server_app.local_runtime import LocalRuntime, free_port
@@ -85,7 +86,7 @@ def plan_nodes(
         env = {
             "OMP_NUM_THREADS": str(threads),
             # its ClientApp processes forked from one with Flower imported
-            "DEPT_CLIENTAPP_FORKS": str(root / "forks" / str(index)),
+            FOLDER_VARIABLE: str(root / "forks" / str(index)),
         }
         placement = f"{threads} CPU thread{'' if threads == 1 else 's'}"
         if node_gpus:
