@@ -1,10 +1,11 @@
-"""``-c`` / ``--run-config`` and ``--node-config`` strings, read as Flower reads them
+"""``-c`` / ``--run-config`` and ``--node-config`` strings, written and read as Flower reads them
 (``key=value`` pairs, each value a TOML scalar), with a refusal that names the pair that
 does not read and how to write it: Flower's own message shows only the general format, and
 the commonest slip, a string without quotes (``source=de``), is not in it."""
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any
 
@@ -45,3 +46,17 @@ def _why(key: str, value: str) -> str:
             return f"{key}={value}: a string needs quotes, {key}='{value}'"
         return f"{key}={value} is not a number, true/false or a quoted string"
     return ""
+
+
+def pairs_text(pairs: dict[str, Any]) -> str:
+    """``pairs`` as one ``--run-config`` or ``--node-config`` string (what
+    :func:`parse_pairs` reads back)."""
+    return " ".join(f"{key}={_toml(value)}" for key, value in pairs.items())
+
+
+def _toml(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return json.dumps(value)  # a TOML basic string: quotes and backslashes escaped
+    return repr(value)

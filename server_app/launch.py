@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib.util
-import json
 import os
 import shutil
 import subprocess
@@ -31,7 +30,7 @@ from dept.paths import default_state_root, resolve_path
 from dept.state.disks import disk_note
 from dept.state.lock import check_folder_free, release_lock
 from server_app.app_bundle import staged_app
-from server_app.config_pairs import parse_pairs
+from server_app.config_pairs import pairs_text, parse_pairs
 from server_app.launch_clock import LAUNCHED_AT_VARIABLE, process_started_at, stamped
 from server_app.local_runtime import HTTP_PORT_VARIABLE, LocalRuntime, Stopped, stop_signals
 from server_app.process_federation import PROFILE, ProcessFederation, plan_nodes
@@ -141,18 +140,14 @@ def build_command(
         f"client-resources-num-cpus={share.cpus}"
     )
     command = ["flwr", "run", str(app), "--federation-config", federation]
-    command += ["--run-config", run_config_text(run_config)]
+    command += ["--run-config", pairs_text(run_config)]
     return [*command, "--stream"] if stream else command
 
 
 def processes_command(app: Path, run_config: dict[str, Any]) -> list[str]:
     """``flwr run`` against the federation of processes' SuperLink (its profile)."""
-    overrides = run_config_text(run_config)
+    overrides = pairs_text(run_config)
     return ["flwr", "run", str(app), PROFILE, "--run-config", overrides, "--stream"]
-
-
-def run_config_text(run_config: dict[str, Any]) -> str:
-    return " ".join(f"{k}={_toml(v)}" for k, v in run_config.items())
 
 
 def federation_kind(asked: str, gpus: int) -> str:
@@ -165,14 +160,6 @@ def federation_kind(asked: str, gpus: int) -> str:
     if gpus or importlib.util.find_spec("ray") is None:
         return "processes"
     return "ray"
-
-
-def _toml(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, str):
-        return json.dumps(value)  # a TOML basic string: quotes and backslashes escaped
-    return repr(value)
 
 
 def keys_help() -> str:

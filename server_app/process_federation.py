@@ -33,6 +33,7 @@ from typing import IO
 
 from client_app.fork_server import FOLDER_VARIABLE
 from dept.data.sources import SourceSpec
+from server_app.config_pairs import pairs_text
 from server_app.flower_commands import command_folder, with_commands
 from server_app.local_runtime import LocalRuntime, free_port
 from server_app.run_log import relay
@@ -78,10 +79,10 @@ def plan_nodes(
     threads = max(1, cores // max(1, num_nodes))
     plans = []
     for index, (node_sources, node_gpus) in enumerate(zip(served, devices, strict=True)):
-        pairs = {
-            "partition-id": str(index),
-            "num-partitions": str(num_nodes),
-            "warm-worker-dir": f"'{root / 'workers' / str(index)}'",
+        pairs: dict[str, object] = {
+            "partition-id": index,
+            "num-partitions": num_nodes,
+            "warm-worker-dir": str(root / "workers" / str(index)),
         }
         env = {
             "OMP_NUM_THREADS": str(threads),
@@ -94,9 +95,9 @@ def plan_nodes(
             placement = f"GPU {', '.join(map(str, node_gpus))}"
             shared = max(sharing[gpu] for gpu in node_gpus)
             if shared > 1:
-                pairs["gpu-memory-fraction"] = f"{1 / shared:.4f}"
+                pairs["gpu-memory-fraction"] = round(1 / shared, 4)
                 placement += f" (shared by {shared}, at most {1 / shared:.0%} of its memory)"
-        node_config = " ".join(f"{k}={v}" for k, v in pairs.items())
+        node_config = pairs_text(pairs)
         names = tuple(s.name for s in node_sources)
         plans.append(NodePlan(index, names, node_config, env, placement))
     return plans

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from dept.config import ConfigError
-from server_app.config_pairs import parse_pairs
+from server_app.config_pairs import pairs_text, parse_pairs
 
 ROOT = Path(__file__).resolve().parents[2]
 # python -c "..." is Python, not a run config; the string may follow a line continuation
@@ -60,3 +60,9 @@ def test_every_config_string_the_help_and_docs_show_reads_as_printed() -> None:
             parse_pairs([text], "-c")
         except ConfigError as exc:
             pytest.fail(f"{where}: {text!r}: {exc}")
+
+
+def test_pairs_written_read_back_as_they_were() -> None:
+    pairs = {"source": "it's here", "rounds": 3, "share": 0.25, "tie": False, "path": "/a b/c"}
+
+    assert parse_pairs([pairs_text(pairs)], "--node-config") == pairs

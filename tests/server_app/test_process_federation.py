@@ -47,7 +47,7 @@ def test_nodes_share_the_cores_and_serve_the_sources_as_the_simulation_does(
     assert plans[0].placement == "2 CPU threads"
     assert plans[1].name == "node 1 (b)"
     assert "partition-id=1 num-partitions=2" in plans[1].node_config
-    assert f"warm-worker-dir='{tmp_path / 'workers' / '1'}'" in plans[1].node_config
+    assert f'warm-worker-dir="{tmp_path / "workers" / "1"}"' in plans[1].node_config
 
 
 def test_nodes_take_the_gpus_round_robin_each_bounded_where_they_share_one(
@@ -58,7 +58,7 @@ def test_nodes_take_the_gpus_round_robin_each_bounded_where_they_share_one(
     assert [p.env["CUDA_VISIBLE_DEVICES"] for p in plans] == ["0", "1", "0"]
     assert plans[0].placement == "GPU 0 (shared by 2, at most 50% of its memory)"
     assert plans[1].placement == "GPU 1"  # alone on it: no bound
-    assert "gpu-memory-fraction=0.5000" in plans[2].node_config
+    assert "gpu-memory-fraction=0.5" in plans[2].node_config.split()
     assert "gpu-memory-fraction" not in plans[1].node_config
 
 
