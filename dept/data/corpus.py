@@ -1,6 +1,6 @@
 """Reading a source's documents, whatever form the source takes (built in, a folder, local
-files, a ``datasets`` save_to_disk folder, a Hugging Face dataset), into a train and a
-validation split.
+files, a ``datasets`` save_to_disk folder, MDS shards, a Hugging Face dataset), into a train
+and a validation split.
 
 ``datasets`` reads and parses the files; each split (blank rows dropped, documents held out,
 the ``max-train-bytes`` cut) is then written once to an Arrow file of its own, keyed by what
@@ -15,6 +15,7 @@ import hashlib
 import json
 import sys
 import sysconfig
+import tempfile
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -26,7 +27,7 @@ import pyarrow.compute as pc
 from datasets.exceptions import DatasetGenerationError
 from filelock import FileLock
 
-from dept.data import arrow_text
+from dept.data import arrow_text, mds
 from dept.data.arrow_text import Rows
 from dept.data.fingerprint import digest, files_key
 from dept.data.pieces import MAX_DOCUMENT_BYTES, longest_document, training_pieces
@@ -36,7 +37,9 @@ from dept.data.sources import (
     BUILTIN_PREFIX,
     HF_PREFIX,
     SourceSpec,
+    check_mds_text,
     folder_kind,
+    mds_splits,
     source_files,
 )
 from dept.data.synthetic import ensure_synthetic_corpus
@@ -130,6 +133,34 @@ def _load_saved(spec: SourceSpec, cache_dir: Path, seed: int) -> SourceText:
         }
 
     return _written(spec, cache_dir, key, choose)
+
+
+def _load_mds(spec: SourceSpec, cache_dir: Path, seed: int) -> SourceText:
+    """MDS shards (:mod:`dept.data.mds`): one MDS folder, validation held out of it, or a
+    folder of splits, of which ``split`` is read (and ``val-split``, where given)."""
+    train_folder, val_folder = mds_splits(spec)
+    check_mds_text(spec)
+    key = _reading_key(spec, files_key(source_files(spec)), seed)
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=cache_dir, prefix="mds-") as scratch:
+
+        def read(folder: Path) -> Rows:
+            table = datasets.Dataset.from_generator(
+                mds.texts,
+                gen_kwargs={"folder": str(folder), "column": spec.text_column},
+                features=datasets.Features({arrow_text.TEXT: datasets.Value("string")}),
+                cache_dir=scratch,
+                writer_batch_size=WRITER_ROWS,
+            )
+            return _text_only(table, spec, str(folder), column=arrow_text.TEXT)
+
+        def choose() -> dict[str, Rows]:
+            train = read(train_folder)
+            if val_folder is None:
+                return _hold_out(train, spec, seed)
+            return {"train": train.capped(spec.max_train_bytes), "validation": read(val_folder)}
+
+        return _written(spec, cache_dir, key, choose)
 
 
 def _saved_split(saved: datasets.DatasetDict, spec: SourceSpec, split: str) -> datasets.Dataset:
@@ -420,6 +451,7 @@ LOADERS: dict[str, Callable[[SourceSpec, Path, int], SourceText]] = {
     "builtin": _load_builtin,
     "dir": _load_dir,
     "saved": _load_saved,
+    "mds": _load_mds,
     "folder": _load_file_table,
     "files": _load_file_table,
 }

@@ -17,7 +17,8 @@ A sources file is YAML, either a list of entries or a mapping with a ``sources:`
 
 Relative ``path`` values resolve against the folder of the sources file. A local folder is
 read by what it holds (:func:`folder_kind`): ``train.txt`` and ``val.txt``; a ``datasets``
-``save_to_disk`` folder; or data files of one format, found in it and below it.
+``save_to_disk`` folder; MosaicML MDS shards (:mod:`dept.data.mds`); or data files of one
+format, found in it and below it.
 
 ``tokenizer-sample-bytes`` bounds the text a tokenizer is trained on: a seeded sample of
 the source's training documents (all of them where they fit), for its own tokenizer
@@ -43,6 +44,7 @@ from dept.config import (
     build_structured,
     kebab,
 )
+from dept.data import mds
 from dept.data.text_checks import decode_error_text, file_problem, one_line
 from dept.data.vocab import MIN_VOCAB_SIZE
 from dept.paths import resolve_path
@@ -53,7 +55,7 @@ BUILTIN_PREFIX = "builtin:"
 # what it holds, :func:`folder_kind`) or a file or glob ("files").
 PREFIXED_KINDS = {HF_PREFIX: "hf", BUILTIN_PREFIX: "builtin"}
 # On this machine: resolved against the sources file, checked before any training.
-LOCAL_KINDS = ("dir", "saved", "folder", "files")
+LOCAL_KINDS = ("dir", "saved", "mds", "folder", "files")
 # The data files a "files" or "folder" source may hold, and the ``datasets`` builder of each.
 BUILDER_BY_SUFFIX = {
     ".txt": "text",
@@ -249,13 +251,31 @@ def run_sources(cfg: DeptConfig) -> list[SourceSpec]:
 
 def folder_kind(folder: Path) -> str:
     """How a local folder is read: ``dir`` (it has ``train.txt``: with ``val.txt``, the two
-    splits), ``saved`` (``datasets``' save_to_disk wrote it) or ``folder`` (the data files in
-    it and below it, validation held out of them)."""
+    splits), ``saved`` (``datasets``' save_to_disk wrote it), ``mds`` (MDS shards, in it or in
+    split subfolders) or ``folder`` (the data files in it and below it, validation held out
+    of them)."""
     if (folder / SPLIT_FILES[0]).is_file():
         return "dir"
     if (folder / SAVED_DICT).is_file() or all((folder / f).is_file() for f in SAVED_DATASET):
         return "saved"
+    if mds.is_mds(folder) or mds.split_folders(folder):
+        return "mds"
     return "folder"
+
+
+def mds_splits(spec: SourceSpec) -> tuple[Path, Path | None]:
+    """The MDS folders an ``mds`` source reads: its ``split`` subfolder (else the folder
+    itself, where it is one MDS folder), and its ``val-split`` subfolder where given."""
+    root = Path(spec.path)
+    splits = mds.split_folders(root)
+    listed = f"(its splits: {', '.join(splits)})" if splits else "(it is one MDS folder, no splits)"
+    for key, split in (("split", spec.split), ("val-split", spec.val_split)):
+        if split and split not in splits and (key == "val-split" or not mds.is_mds(root)):
+            raise ConfigError(
+                f"source {spec.name!r}: {root} has no MDS split {split!r} {listed}; set {key!r}"
+            )
+    train = root / spec.split if spec.split in splits else root
+    return train, root / spec.val_split if spec.val_split else None
 
 
 def source_files(spec: SourceSpec) -> list[Path]:
@@ -272,6 +292,13 @@ def source_files(spec: SourceSpec) -> list[Path]:
         return files
     if kind == "saved":
         return sorted(_visible_files(path))
+    if kind == "mds":
+        folders = [f for f in mds_splits(spec) if f is not None]
+        try:
+            shards = [shard.file for folder in folders for shard in mds.shards(folder)]
+            return [folder / mds.INDEX for folder in folders] + shards
+        except mds.MdsError as exc:
+            raise ConfigError(f"source {spec.name!r}: {exc}") from None
     if kind == "folder":
         return _data_files(spec, path)
     matches = sorted(Path("/").glob(spec.path.lstrip("/")))
@@ -326,3 +353,14 @@ def check_source_paths(specs: list[SourceSpec]) -> None:
             problem = file_problem(path)
             if problem:
                 raise ConfigError(f"source {spec.name!r}: {path} {problem}")
+        if spec.kind == "mds":
+            check_mds_text(spec)
+
+
+def check_mds_text(spec: SourceSpec) -> None:
+    """Refuse an ``mds`` source whose ``text-column`` is missing or not text, naming it."""
+    for folder in (f for f in mds_splits(spec) if f is not None):
+        try:
+            mds.check_text_column(folder, spec.text_column)
+        except mds.MdsError as exc:
+            raise ConfigError(f"source {spec.name!r}: {exc}") from None
