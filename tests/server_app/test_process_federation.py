@@ -246,22 +246,25 @@ def test_a_federation_of_processes_survives_a_killed_node_takes_a_joiner_and_sto
     assert address, first
 
     # a node dies after round 1: SIGKILL to its session (the SuperNode, its executor, its
-    # ClientApps); a new source joins through the run's SuperLink
+    # ClientApps); a new source joins through the run's SuperLink, and so does a node whose
+    # data is missing
     _wait(lambda: _round_line(out, 1), "round 1", run)
     os.killpg(_node(out, KILLED).pid, signal.SIGKILL)
-    joiner = subprocess.Popen(
-        [
-            *("flower-supernode", "--insecure", "--superlink", address.group(1)),
-            *("--port", str(free_port()), "--node-config"),
-            f"source='{JOINER}' path='builtin:synthetic-latin' vocab-size=300",
-        ],
-        cwd=tmp_path,
-        env=with_commands(env, out / ".flwr" / "processes" / "bin"),
-        stdout=(tmp_path / "joiner.log").open("w"),
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    leftovers.append(joiner)
+    missing = tmp_path / "missing"
+    for name, path in ((JOINER, "builtin:synthetic-latin"), ("broken", str(missing))):
+        joiner = subprocess.Popen(
+            [
+                *("flower-supernode", "--insecure", "--superlink", address.group(1)),
+                *("--port", str(free_port()), "--node-config"),
+                f"source='{name}' path='{path}' vocab-size=300",
+            ],
+            cwd=tmp_path,
+            env=with_commands(env, out / ".flwr" / "processes" / "bin"),
+            stdout=(tmp_path / f"{name}.log").open("w"),
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        leftovers.append(joiner)
 
     # Ctrl-C once the joiner and the killed node's source have both trained
     killed_source = run_sources(load_config({}))[KILLED].name  # the node's one source
@@ -281,6 +284,8 @@ def test_a_federation_of_processes_survives_a_killed_node_takes_a_joiner_and_sto
     assert list(_of_run(out)) == [], "a process of the stopped run is alive"
     log = stdout + (out / "run.log").read_text()
     assert re.search(rf"node {KILLED} \({killed_source}\) exited with code -9; restarted", log)
+    broken = re.search(r"[^\n]*cannot take part[^\n]*", log)
+    assert broken and "broken" in broken.group(0) and str(missing) in broken.group(0), log[-3000:]
     events = [e for r in range(ROUNDS) for e in _round_line(out, r).get("state_events", [])]
     assert [e for e in events if killed_source in json.dumps(e)] == [], events
     others = [s.name for s in run_sources(load_config({})) if s.name != killed_source]

@@ -104,18 +104,16 @@ def _finished(process: subprocess.Popen, out: Path) -> tuple[dict, str]:
 
 
 @pytest.mark.slow
-def test_ctrl_c_and_sigterm_mid_round_stop_the_run_and_resume_finishes_it(
+def test_ctrl_c_mid_round_stops_the_run_and_resume_finishes_it(
     tmp_path: Path, runs: list
 ) -> None:
+    """SIGTERM stops a run the same way: the background test below."""
     one = tmp_path / "one"
     runs.append(one)
     first = _start(one)
     _when_checkpointed(one, 1, first)
     _stop(first, one, signal.SIGINT, after_round=1)
 
-    resumed = _start(one, "--resume", str(one))
-    _when_checkpointed(one, 2, resumed)
-    _stop(resumed, one, signal.SIGTERM, after_round=2)
     summary, printed = _finished(_start(one, "--resume", str(one)), one)
 
     assert summary["rounds"] == ROUNDS
