@@ -56,8 +56,8 @@ MAX_SEEN = 200_000  # fresh signatures kept at once (a node's calls in FRESH_S, 
 LOG_EVERY_S = 10.0  # a refusal reason is logged at most this often (a flood stays one line)
 DEFAULT_LISTEN = "127.0.0.1:9301"
 EXAMPLES = """examples:
-  dept gateway-auth --database /app/state/superlink.db          # beside the SuperLink
-  dept gateway-auth --database state/superlink.db --listen 0.0.0.0:9301   # compose.tls.yml
+  dept gateway-auth --database ~/dept-state/superlink.db     # listens on 127.0.0.1:9301
+  dept gateway-auth --database=/app/state/superlink.db --listen=0.0.0.0:9301   # compose.tls.yml
 the gateway's template asks it at GATEWAY_AUTH (docker/gateway.conf.template).
 """
 

@@ -233,6 +233,25 @@ def test_the_template_renders_the_same_through_envsubst(tmp_path: Path) -> None:
     assert done.stdout == gateway.render("127.0.0.1:1", "127.0.0.1:2", tmp_path, "127.0.0.1:3")
 
 
+def test_the_docs_gateway_recipe_renders_the_template_whole(tmp_path: Path) -> None:
+    """docs/deployment.md's export and envsubst lines as printed (the output file moved out
+    of /etc): every name the template uses is in its list, so nothing is left unfilled."""
+    if shutil.which("envsubst") is None:
+        pytest.skip("envsubst is missing (apt-get install gettext-base)")
+    doc = (PROJECT / "docs" / "deployment.md").read_text()
+    recipe = next(
+        b for b in re.findall(r"^```bash\n(.*?)^```$", doc, re.S | re.M) if "envsubst" in b
+    )
+    lines = recipe[recipe.index("export GATEWAY_LISTEN") : recipe.index("\nnginx -t")]
+    output = tmp_path / "dept-gateway.conf"
+    script = lines.replace("/etc/nginx/conf.d/dept-gateway.conf", str(output))
+
+    subprocess.run(["bash", "-c", script], cwd=PROJECT, check=True, env=dict(os.environ))
+
+    certs = Path("/home/me/dept-certs")
+    assert output.read_text() == gateway.render("8443", "127.0.0.1:8000", certs, "127.0.0.1:9301")
+
+
 def test_the_rendered_gateway_passes_nginx_t(tmp_path: Path) -> None:
     nginx = gateway.nginx()
     if nginx is None:

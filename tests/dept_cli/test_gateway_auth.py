@@ -6,12 +6,15 @@ from __future__ import annotations
 
 import datetime
 import http.client
+import shlex
 import sqlite3
+import subprocess
 import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import yaml
 from cryptography.hazmat.primitives.asymmetric import ec
 from flwr.supercore.constant import FLEET_HTTP_PUBLIC_KEY_HEADER, FLEET_HTTP_SIGNATURE_HEADER
 from flwr.supercore.primitives.asymmetric import public_key_to_bytes
@@ -21,6 +24,10 @@ from sqlalchemy import create_engine
 from dept_cli import gateway_auth
 from dept_cli.gateway_auth import RegisteredKeys, SeenSignatures, check
 from tests.deploy.gateway import signed_headers
+from tests.deploy.loopback import accepts, wait_for
+from tests.helpers import with_venv_on_path
+
+PROJECT = Path(__file__).resolve().parents[2]
 
 
 def new_key() -> ec.EllipticCurvePrivateKey:
@@ -163,3 +170,41 @@ def test_the_command_names_a_missing_database(tmp_path: Path) -> None:
     with pytest.raises(SystemExit) as stopped:
         gateway_auth.main(["--database", str(tmp_path / "nowhere.db")])
     assert stopped.value.code == 2
+
+
+@pytest.mark.slow  # a process that imports Flower
+def test_the_help_examples_run_as_printed(tmp_path: Path) -> None:
+    """The first as the docs' gateway recipe starts it (its listen address the default); the
+    second as compose.tls.yml's service does."""
+    examples = [
+        line.split("#")[0].strip()
+        for line in gateway_auth.EXAMPLES.splitlines()
+        if line.strip().startswith("dept gateway-auth")
+    ]
+    beside, in_compose = examples
+    compose = yaml.safe_load((PROJECT / "docker" / "compose.tls.yml").read_text())
+    service = compose["services"]["gateway-auth"]
+    assert [*service["entrypoint"], *service["command"]] == shlex.split(in_compose)
+    (tmp_path / "dept-state").mkdir()
+    LinkStateBase.metadata.create_all(
+        create_engine(f"sqlite:///{tmp_path}/dept-state/superlink.db")
+    )
+    assert not accepts(gateway_auth.DEFAULT_LISTEN), "port 9301 is taken on this machine"
+
+    verifier = subprocess.Popen(
+        ["bash", "-c", f"exec {beside}"],
+        cwd=tmp_path,
+        env=with_venv_on_path(HOME=str(tmp_path)),
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        wait_for(lambda: accepts(gateway_auth.DEFAULT_LISTEN), 60, beside)
+        connection = http.client.HTTPConnection(gateway_auth.DEFAULT_LISTEN, timeout=10)
+        connection.request("GET", "/check")
+        assert connection.getresponse().status == 401, "unsigned: refused"
+        connection.close()
+    finally:
+        verifier.terminate()
+        _, err = verifier.communicate(timeout=30)
+    assert f"keys from {tmp_path}/dept-state/superlink.db (read-only)" in err, err

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 
 import numpy as np
@@ -12,6 +13,8 @@ from dept.data.sources import load_sources
 from dept.data.synthetic import ensure_synthetic_corpus
 from dept.state.workspace import Workspace
 from dept.train.source_client import SourceClient
+from dept_cli import main as dept
+from dept_cli import prepare
 from dept_cli.main import main
 from dept_cli.prepare import prepare_node
 from tests.helpers import debug_run_config, synthetic_sources
@@ -54,3 +57,36 @@ def test_an_unknown_source_is_named(tmp_path: Path, capsys: pytest.CaptureFixtur
     refused = capsys.readouterr().err
     assert refused.startswith("dept prepare: error: --node-config: source=a: a string needs quotes")
     assert "path: not a key=value pair" in refused
+
+
+@pytest.mark.slow  # the default run's four sources, tokenized from nothing
+def test_the_help_examples_run_as_printed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Prepare: a user's folder with the my-sources.yaml the example names; no /data/de
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "home-cache"))  # the default state-dir
+    corpus = ensure_synthetic_corpus("latin", 0, tmp_path / "data", train_bytes=30_000)
+    (tmp_path / "my-sources.yaml").write_text(
+        f"- {{name: de-novels, path: '{corpus}', vocab-size: 400}}\n"
+    )
+    printed = (prepare.EXAMPLES + dept.EXAMPLES).splitlines()
+    examples = [line.split("#")[0].strip() for line in printed if "dept prepare" in line]
+    # Execute
+    ran = []
+    for example in examples:
+        code = main(shlex.split(example)[1:])
+        ran.append((code, *capsys.readouterr()))
+    # Assert
+    (every, one, node, node_short) = ran
+    assert every[0] == 0 and [line.split(":")[0] for line in every[1].splitlines()] == [
+        "python-stdlib",
+        "synth-latin",
+        "synth-cyrillic",
+        "synth-greek",
+    ]
+    assert list((tmp_path / "home-cache" / "dept" / "cache" / "tokens").iterdir())
+    assert one[0] == 0 and one[1].startswith("de-novels: ") and one[1].count("\n") == 1
+    for code, out, err in (node, node_short):  # the data is where the user will put it
+        assert (code, out) == (2, "")
+        assert err == "dept prepare: error: source 'de': no file matches /data/de\n"
