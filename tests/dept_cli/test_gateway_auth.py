@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import datetime
 import http.client
+import os
 import shlex
+import signal
 import sqlite3
 import subprocess
 import threading
@@ -23,6 +25,7 @@ from sqlalchemy import create_engine
 
 from dept_cli import gateway_auth
 from dept_cli.gateway_auth import RegisteredKeys, SeenSignatures, check
+from tests.command_examples import doc_examples
 from tests.deploy.gateway import signed_headers
 from tests.deploy.loopback import accepts, wait_for
 from tests.helpers import with_venv_on_path
@@ -172,16 +175,17 @@ def test_the_command_names_a_missing_database(tmp_path: Path) -> None:
     assert stopped.value.code == 2
 
 
-@pytest.mark.slow  # a process that imports Flower
-def test_the_help_examples_run_as_printed(tmp_path: Path) -> None:
-    """The first as the docs' gateway recipe starts it (its listen address the default); the
-    second as compose.tls.yml's service does."""
+@pytest.mark.slow  # processes that import Flower
+def test_the_examples_run_as_printed(tmp_path: Path) -> None:
+    """The help's first and the docs' gateway recipe's line (its listen address the default,
+    then named), run for real; the help's second as compose.tls.yml's service runs it."""
     examples = [
         line.split("#")[0].strip()
         for line in gateway_auth.EXAMPLES.splitlines()
         if line.strip().startswith("dept gateway-auth")
     ]
     beside, in_compose = examples
+    (in_docs,) = [c for c in doc_examples() if c.startswith("dept gateway-auth")]
     compose = yaml.safe_load((PROJECT / "docker" / "compose.tls.yml").read_text())
     service = compose["services"]["gateway-auth"]
     assert [*service["entrypoint"], *service["command"]] == shlex.split(in_compose)
@@ -189,22 +193,24 @@ def test_the_help_examples_run_as_printed(tmp_path: Path) -> None:
     LinkStateBase.metadata.create_all(
         create_engine(f"sqlite:///{tmp_path}/dept-state/superlink.db")
     )
-    assert not accepts(gateway_auth.DEFAULT_LISTEN), "port 9301 is taken on this machine"
 
-    verifier = subprocess.Popen(
-        ["bash", "-c", f"exec {beside}"],
-        cwd=tmp_path,
-        env=with_venv_on_path(HOME=str(tmp_path)),
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        wait_for(lambda: accepts(gateway_auth.DEFAULT_LISTEN), 60, beside)
-        connection = http.client.HTTPConnection(gateway_auth.DEFAULT_LISTEN, timeout=10)
-        connection.request("GET", "/check")
-        assert connection.getresponse().status == 401, "unsigned: refused"
-        connection.close()
-    finally:
-        verifier.terminate()
-        _, err = verifier.communicate(timeout=30)
-    assert f"keys from {tmp_path}/dept-state/superlink.db (read-only)" in err, err
+    for script in (beside, f"{in_docs}\nwait"):  # the docs' line ends with &
+        assert not accepts(gateway_auth.DEFAULT_LISTEN), "port 9301 is taken on this machine"
+        verifier = subprocess.Popen(
+            ["bash", "-c", script],
+            cwd=tmp_path,
+            env=with_venv_on_path(HOME=str(tmp_path)),
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
+        try:
+            wait_for(lambda: accepts(gateway_auth.DEFAULT_LISTEN), 60, script)
+            connection = http.client.HTTPConnection(gateway_auth.DEFAULT_LISTEN, timeout=10)
+            connection.request("GET", "/check")
+            assert connection.getresponse().status == 401, "unsigned: refused"
+            connection.close()
+        finally:
+            os.killpg(verifier.pid, signal.SIGTERM)
+            _, err = verifier.communicate(timeout=30)
+        assert f"keys from {tmp_path}/dept-state/superlink.db (read-only)" in err, err

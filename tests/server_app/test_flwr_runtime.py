@@ -11,48 +11,59 @@ import psutil
 import pytest
 
 from server_app.launch import build_command
-from server_app.local_runtime import local_runtime
 from server_app.sizing import ClientShare, client_share, machine_cores
+from tests.command_examples import doc_examples, help_examples
+from tests.helpers import fenced_block, with_venv_on_path
 
 PROJECT = Path(__file__).resolve().parents[2]
 CPU_ONLY = client_share(4, 0.0, 0, machine_cores())  # as dept run sizes four clients here
 
 
 @pytest.mark.slow
-def test_flwr_run_simulation_debug_preset(tmp_path: Path) -> None:
-    out = tmp_path / "out"
-    overrides = {
-        "model": "debug",
-        "num-server-rounds": 2,
-        "local-steps": 5,
-        "warmup-steps": 2,
-        "seq-len": 64,
-        "eval-bytes": 8192,
-        "output-dir": str(out),
-        "state-dir": str(tmp_path / "state"),
-    }
-    command = build_command(PROJECT, overrides, num_nodes=4, share=CPU_ONLY, stream=True)
+def test_the_readmes_quickstart_runs_as_printed(tmp_path: Path) -> None:
+    """``dept run`` alone, in a user's folder: the default federation, through ``flwr run``,
+    a local SuperLink and Ray (the install before it is the suite's own)."""
+    (command,) = fenced_block(PROJECT / "README.md", "## Set up and run").splitlines()
+    install, run = command.split(" && ")
+    assert install == "pip install -e ."
     # as a user runs it: no OMP_NUM_THREADS (the suite's one thread), so the clients' threads
-    # are their CPU share alone
-    user_env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
-    with local_runtime(tmp_path / "flwr-home") as runtime:  # own ports; stopped after
-        done = subprocess.run(
-            command,
-            cwd=PROJECT,
-            env=runtime.env(user_env),
-            capture_output=True,
-            text=True,
-            timeout=600,
-        )
+    # are their CPU share alone; the state in this test's folder, not the user's cache
+    user_env = with_venv_on_path(XDG_CACHE_HOME=str(tmp_path / "home-cache"))
+    user_env.pop("OMP_NUM_THREADS", None)
+    env = {k: v for k, v in user_env.items() if not k.startswith("FLWR_")}
+    done = subprocess.run(
+        ["bash", "-c", run],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
 
     log = done.stdout + done.stderr
     assert done.returncode == 0, log[-3000:]
-    summary = json.loads((out / "summary.json").read_text())
+    summary = json.loads((tmp_path / "outputs" / "dept" / "summary.json").read_text())
     assert len(summary["sources"]) == 4, log[-3000:]
     assert summary["avg_val_bpb"] < summary["initial_avg_val_bpb"]
-    assert "round 2/2 done" in log and "validation bits per byte" in log
+    rounds = summary["rounds"]
+    assert f"round {rounds}/{rounds} done" in log and "validation bits per byte" in log
     threads = f"trains on cpu ({CPU_ONLY.cpus} thread{'' if CPU_ONLY.cpus == 1 else 's'})"
     assert log.count(threads) == 4, "each client trains on its share of the cores"
+
+    # the next steps, as dept --help and docs/evaluation.md print them: a source's model out,
+    # and every model scored again by lm-evaluation-harness
+    export = next(c for c in help_examples() if c.startswith("dept export outputs/dept"))
+    evaluate = next(c for c, where in doc_examples().items() if c == "dept eval outputs/dept")
+    for command in (export, evaluate):
+        step = subprocess.run(
+            ["bash", "-c", command], cwd=tmp_path, env=env, capture_output=True, text=True
+        )
+        assert step.returncode == 0, (command, step.stderr[-3000:])
+    assert (tmp_path / "models" / "synth-greek" / "config.json").is_file()
+    scores = json.loads((tmp_path / "outputs" / "dept" / "eval" / "eval.json").read_text())
+    for score in scores["results"]:  # within 0.5% of what the run measured
+        assert abs(score["bits_per_byte"] / score["run_bits_per_byte"] - 1) < 0.005, score
+    assert {s["model"] for s in scores["results"]} == set(summary["sources"])
 
 
 def test_launcher_command_sizes_the_federation() -> None:

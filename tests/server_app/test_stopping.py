@@ -1,24 +1,27 @@
 """``dept run`` on the real runtime: Ctrl-C and SIGTERM mid-round stop every process of a
 run and leave it resumable, in the foreground as in the background (``nohup dept run ... &``,
 no terminal), while another run, on its own SuperLink, goes on to the end; ``--resume``
-finishes a stopped one, each round once."""
+finishes a stopped one, each round once. The runs a user starts are ``dept run --help``'s
+examples, as printed, in a folder of the user's."""
 
 from __future__ import annotations
 
 import json
-import os
 import re
 import signal
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
 import pytest
 
+from server_app.launch import EXAMPLES as LAUNCH_EXAMPLES
 from server_app.local_runtime import processes_with, stop_processes
+from tests.helpers import with_venv_on_path
 
 PROJECT = Path(__file__).resolve().parents[2]
 ROUNDS = 4
@@ -27,6 +30,7 @@ SETTINGS = (
     "batch-size=4 eval-bytes=8192"
 )
 STOP_WITHIN_S = 30
+LAUNCH_EXAMPLE_COMMANDS = [line.split(" #")[0].strip() for line in LAUNCH_EXAMPLES.splitlines()[1:]]
 
 
 def _their_flower_home(out: Path) -> Iterator[psutil.Process]:
@@ -43,51 +47,68 @@ def runs(tmp_path: Path) -> Iterator[list[Path]]:
         stop_processes(lambda out=out: list(_their_flower_home(out)), 1.0, 10.0)
 
 
-def _command(out: Path, *args: str) -> list[str]:
-    """``dept run`` of a new run writing ``out``, or with ``--resume`` among ``args``."""
-    command = [sys.executable, "-m", "dept_cli", "run", *args]
-    if "--resume" not in args:
-        command += ["-c", f"{SETTINGS} output-dir='{out}' state-dir='{out}-state'"]
-    return command
+def _command(out: Path) -> list[str]:
+    """``dept run`` of a short run writing ``out``."""
+    return [
+        *(sys.executable, "-m", "dept_cli", "run", "--no-stream"),
+        *("-c", f"{SETTINGS} output-dir='{out}' state-dir='{out}-state'"),
+    ]
 
 
-def _env() -> dict[str, str]:
-    return {k: v for k, v in os.environ.items() if not k.startswith("FLWR_")}
+def _env(home: Path) -> dict[str, str]:
+    """A user's environment: this venv's commands, no Flower settings of the suite's, and
+    the default state-dir under ``home``."""
+    env = with_venv_on_path(XDG_CACHE_HOME=str(home / "home-cache"))
+    return {k: v for k, v in env.items() if not k.startswith("FLWR_")}
 
 
-def _start(out: Path, *args: str) -> subprocess.Popen:
-    return subprocess.Popen(
-        _command(out, "--no-stream", *args),
-        cwd=PROJECT,
-        env=_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+@dataclass
+class Run:
+    """A ``dept run`` process and the file its output goes to."""
+
+    process: subprocess.Popen
+    log: Path
+
+    def text(self) -> str:
+        return self.log.read_text()
 
 
-def _when_checkpointed(out: Path, server_round: int, process: subprocess.Popen) -> None:
+def _launch(command: list[str], cwd: Path, log: Path) -> Run:
+    with log.open("a") as output:
+        process = subprocess.Popen(
+            command, cwd=cwd, env=_env(log.parent), stdout=output, stderr=subprocess.STDOUT
+        )
+    return Run(process, log)
+
+
+def _printed(example: str, cwd: Path, log: str) -> Run:
+    """``dept run --help``'s ``example``, as printed, in the user's folder ``cwd``."""
+    return _launch(["bash", "-c", f"exec {example}"], cwd, cwd / log)
+
+
+def _when_checkpointed(out: Path, server_round: int, run: Run) -> None:
     deadline = time.monotonic() + 300
     while not (out / "checkpoints" / f"round-{server_round:04d}").is_dir():
-        assert process.poll() is None, process.communicate()
+        assert run.process.poll() is None, run.text()[-3000:]
         assert time.monotonic() < deadline, f"no round {server_round} checkpoint in {out}"
         time.sleep(0.2)
 
 
-def _stop(process: subprocess.Popen, out: Path, signum: int, after_round: int) -> str:
-    """Send ``signum`` mid-round; the run must end within the limit, leaving nothing."""
+def _stop(run: Run, out: Path, signum: int, after_round: int, shown: str) -> None:
+    """Send ``signum`` mid-round; the run must end within the limit, leaving nothing, and
+    say how to resume it (the output folder ``shown`` as the user gave it)."""
     assert list(_their_flower_home(out)), "the run's processes carry its Flower home"
     sent = time.monotonic()
-    process.send_signal(signum)
-    _, err = process.communicate(timeout=STOP_WITHIN_S + 10)
-    assert time.monotonic() - sent < STOP_WITHIN_S, err
-    assert process.returncode == 128 + signum, err
+    run.process.send_signal(signum)
+    run.process.wait(timeout=STOP_WITHIN_S + 10)
+    assert time.monotonic() - sent < STOP_WITHIN_S, run.text()[-3000:]
+    assert run.process.returncode == 128 + signum, run.text()[-3000:]
     assert list(_their_flower_home(out)) == [], "a process of the stopped run is alive"
-    assert err.strip().splitlines()[-1] == _stopped_line(out, signum, after_round), err
-    return err
+    last = run.text().strip().splitlines()[-1]
+    assert last == _stopped_line(shown, signum, after_round), run.text()[-3000:]
 
 
-def _stopped_line(out: Path, signum: int, after_round: int) -> str:
+def _stopped_line(out: Path | str, signum: int, after_round: int) -> str:
     name = signal.Signals(signum).name
     return (
         f"dept run: stopped by {name}; resume after round {after_round} with: "
@@ -95,37 +116,37 @@ def _stopped_line(out: Path, signum: int, after_round: int) -> str:
     )
 
 
-def _finished(process: subprocess.Popen, out: Path) -> tuple[dict, str]:
-    """The summary of a run that ended well, and what it printed."""
-    stdout, err = process.communicate(timeout=600)
-    assert process.returncode == 0, (stdout + err)[-3000:]
+def _finished(run: Run, out: Path) -> dict:
+    """The summary of a run that ended well."""
+    run.process.wait(timeout=600)
+    assert run.process.returncode == 0, run.text()[-3000:]
     assert list(_their_flower_home(out)) == [], "a process of the finished run is alive"
-    return json.loads((out / "summary.json").read_text()), stdout
+    return json.loads((out / "summary.json").read_text())
 
 
 @pytest.mark.slow
-def test_ctrl_c_mid_round_stops_the_run_and_resume_finishes_it(
-    tmp_path: Path, runs: list
-) -> None:
-    """SIGTERM stops a run the same way: the background test below."""
-    one = tmp_path / "one"
-    runs.append(one)
-    first = _start(one)
-    _when_checkpointed(one, 1, first)
-    _stop(first, one, signal.SIGINT, after_round=1)
+def test_ctrl_c_mid_round_stops_the_run_and_resume_finishes_it(tmp_path: Path, runs: list) -> None:
+    """``dept run --help``'s first and last examples as printed: Ctrl-C after round 1, then
+    ``--resume``. SIGTERM stops a run the same way: the background test below."""
+    first, _, resume = LAUNCH_EXAMPLE_COMMANDS
+    out = tmp_path / "runs" / "debug"
+    runs.append(out)
+    started = _printed(first, tmp_path, "first.log")
+    _when_checkpointed(out, 1, started)
+    _stop(started, out, signal.SIGINT, after_round=1, shown="runs/debug")
+    assert started.text().strip().endswith(f"with: {resume}"), "the help's resume, as printed"
 
-    summary, printed = _finished(_start(one, "--resume", str(one)), one)
+    resumed = _printed(resume, tmp_path, "resumed.log")
+    summary = _finished(resumed, out)
 
-    assert summary["rounds"] == ROUNDS
+    assert summary["rounds"] == 2
     # A clean stop is not a crash: no stale lock, no round-0 silence, no problem at all.
-    warnings = [
-        line for line in (printed + (one / "run.log").read_text()).splitlines() if "WARNING" in line
-    ]
+    warnings = [line for line in resumed.text().splitlines() if "WARNING" in line]  # streamed
     assert warnings == [], warnings
     assert summary["problems"] == [], summary["problems"]
-    lines = (one / "metrics.jsonl").read_text().splitlines()
+    lines = (out / "metrics.jsonl").read_text().splitlines()
     rounds = [json.loads(line)["round"] for line in lines]
-    assert rounds == list(range(ROUNDS + 1))  # each round once, in order
+    assert rounds == [0, 1, 2]  # each round once, in order
 
 
 @pytest.mark.slow
@@ -135,20 +156,24 @@ def test_sigterm_stops_a_run_in_the_background_while_another_finishes_on_its_own
     # Prepare: what `nohup dept run ... &` in a script gives: SIGINT and SIGHUP ignored,
     # input from /dev/null, no controlling terminal, the log in a file; beside it, at the
     # same time, a run in the foreground
-    out, log, other = tmp_path / "bg", tmp_path / "nohup.out", tmp_path / "other"
+    out, log = tmp_path / "bg", tmp_path / "nohup.out"
+    other = tmp_path / "outputs" / "dept"  # where the example writes
     runs += [out, other]
-    foreground = _start(other)
+    foreground = _printed(
+        LAUNCH_EXAMPLE_COMMANDS[1], tmp_path, "foreground.log"
+    )  # GLOB, int8, --no-stream
     with log.open("w") as output:
         shell = subprocess.Popen(
             ["bash", "-c", 'nohup "$@" & wait $!', "bash", *_command(out)],
             cwd=PROJECT,
-            env=_env(),
+            env=_env(tmp_path),
             stdin=subprocess.DEVNULL,
             stdout=output,
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
-    _when_checkpointed(out, 1, shell)
+    background = Run(shell, log)
+    _when_checkpointed(out, 1, background)
     (dept,) = psutil.Process(shell.pid).children()
     # Execute
     dept.send_signal(signal.SIGTERM)
@@ -157,10 +182,11 @@ def test_sigterm_stops_a_run_in_the_background_while_another_finishes_on_its_own
     last = log.read_text().strip().splitlines()[-1]
     assert last == _stopped_line(out, signal.SIGTERM, after_round=1), log.read_text()[-3000:]
     assert list(_their_flower_home(out)) == [], "a process of the stopped run is alive"
-    summary, printed = _finished(foreground, other)
-    assert summary["rounds"] == ROUNDS, "the other run went on"
+    summary = _finished(foreground, other)
+    assert summary["rounds"] == 3, "the other run went on to the default's last round"
+    assert summary["avg_val_bpb"] < summary["initial_avg_val_bpb"]
     ports = {
         re.search(r"SuperLink on (127\.0\.0\.1:\d+)", text).group(1)
-        for text in (printed, log.read_text())
+        for text in (foreground.text(), log.read_text())
     }
     assert len(ports) == 2, "each run has a SuperLink of its own"

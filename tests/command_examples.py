@@ -1,0 +1,79 @@
+"""Every command example a user is shown: the README's and docs' shell blocks, and the
+examples in each command's ``--help``; each by its first line, as printed.
+
+``tests/test_command_examples.py`` holds each one to the test that runs it as printed, or to
+the reason no test in CI can.
+"""
+
+from __future__ import annotations
+
+import importlib
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+SHELL_BLOCK = re.compile(r"^```(?:bash|sh|shell|console)\n(.*?)^```$", re.S | re.M)
+HEREDOC = re.compile(r"<<-?'?(\w+)'?")
+# the modules whose ``--help`` ends with examples, and the constant that holds them
+HELP = {
+    "dept.certificates": "EXAMPLES",
+    "dept_cli.main": "EXAMPLES",
+    "dept_cli.compare": "EPILOG",
+    "dept_cli.cpt": "EXAMPLES",
+    "dept_cli.evaluate": "EXAMPLES",
+    "dept_cli.export": "EXAMPLES",
+    "dept_cli.finetune": "EXAMPLES",
+    "dept_cli.gateway_auth": "EXAMPLES",
+    "dept_cli.models": "EXAMPLES",
+    "dept_cli.prepare": "EXAMPLES",
+    "server_app.launch": "EXAMPLES",
+}
+
+
+def block_commands(block: str) -> list[str]:
+    """The commands of a shell block: continued lines joined, comments dropped, a here
+    document kept with the command that reads it (the command's first line names it)."""
+    commands: list[str] = []
+    lines = iter(block.replace("\\\n", " ").splitlines())
+    for line in lines:
+        command = line.split(" #")[0].strip()
+        if not command or command.startswith("#"):
+            continue
+        heredoc = HEREDOC.search(command)
+        if heredoc:
+            for body in lines:  # the document's lines belong to this command
+                if body.strip() == heredoc.group(1):
+                    break
+        commands.append(re.sub(r"\s+", " ", command))
+    return commands
+
+
+def doc_examples() -> dict[str, str]:
+    """Each docs command, as printed, and where it is (file and heading)."""
+    found: dict[str, str] = {}
+    for doc in DOCS:
+        text = doc.read_text()
+        for block in SHELL_BLOCK.finditer(text):
+            headings = re.findall(r"^#+ (.*)$", text[: block.start()], re.M)
+            where = f"{doc.relative_to(ROOT)}: {headings[-1] if headings else ''}"
+            for command in block_commands(block.group(1)):
+                found.setdefault(command, where)
+    return found
+
+
+def help_examples() -> dict[str, str]:
+    """Each ``--help`` example, as printed, and the module whose help shows it."""
+    found: dict[str, str] = {}
+    for module, constant in HELP.items():
+        text = getattr(importlib.import_module(module), constant)
+        examples = text[text.index("examples:") :].splitlines()[1:]
+        for line in examples:
+            command = line.split(" #")[0].strip()
+            if command.startswith("dept "):
+                found.setdefault(re.sub(r"\s+", " ", command), f"{module} --help")
+    return found
+
+
+def all_examples() -> dict[str, str]:
+    return {**help_examples(), **doc_examples()}
