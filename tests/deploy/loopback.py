@@ -30,6 +30,7 @@ PROJECT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent  # the venv's flower-* entry points
 LOG_POLL_S = 0.5
 SERVER_DONE = r"summary written to|validation bits per byte"  # the ServerApp's last lines
+RUN_S = 420  # upper bound for one short federation on a loaded 2-core machine
 
 
 # What a short ``debug`` federation trains, deployed (run_config) or in process (the soak's
@@ -359,6 +360,13 @@ def wait_for(condition: Callable[[], bool], timeout: float, what: str) -> None:
         if time.monotonic() > deadline:
             raise TimeoutError(f"waited {timeout:.0f} s for {what}")
         time.sleep(LOG_POLL_S)
+
+
+def run_summary(deployment: Loopback, out: Path) -> dict:
+    """The summary a finished run wrote to ``out``; the deployment's logs where there is none."""
+    summary = out / "summary.json"
+    assert summary.exists(), deployment.logs_tail()
+    return json.loads(summary.read_text())
 
 
 def wait_for_line(process: Process, pattern: str, timeout: float) -> re.Match[str]:

@@ -33,14 +33,15 @@ from tests.deploy.doors import (
 )
 from tests.deploy.loopback import (
     PROJECT,
+    RUN_S,
     SERVER_DONE,
     accepts,
     node_config,
     run_config,
+    run_summary,
     wait_for,
     wait_for_line,
 )
-from tests.deploy.test_deployment import RUN_S, finish
 
 pytestmark = [pytest.mark.slow, NGINX_MISSING]
 ACQUIRE_TASK = "/flwr.proto.Runtime/AcquireTask"
@@ -157,7 +158,7 @@ def test_a_federation_through_the_gateway(doors: Doors, tmp_path: Path) -> None:
     assert acquire_task(first.runtime_address, None, doors.secret) == 200
     wait_for_line(run, SERVER_DONE, RUN_S)
 
-    summary = finish(deployment, run.text(), out)
+    summary = run_summary(deployment, out)
     assert set(summary["sources"]) == {"latin", "greek"}
     assert summary["avg_val_bpb"] < summary["initial_avg_val_bpb"]
     assert stranger.popen.returncode != 0
