@@ -135,18 +135,25 @@ def texts(folder: str, column: str) -> Iterator[dict[str, str]]:
 
 def _shard_texts(shard: Shard, column: str) -> Iterator[str]:
     data = _decompress(shard)
-    (count,) = struct.unpack_from("<I", data)
+    try:
+        (count,) = struct.unpack_from("<I", data)
+        offsets = struct.unpack_from(f"<{count + 1}I", data, 4)
+    except struct.error:
+        raise MdsError(f"{shard.file} is damaged: its sample offsets are cut short") from None
     if count != shard.samples:
         raise MdsError(f"{shard.file} holds {count} samples, its index says {shard.samples}")
-    offsets = struct.unpack_from(f"<{count + 1}I", data, 4)
     which = shard.columns.index(column)
     unsized = [i for i, size in enumerate(shard.sizes) if size is None]
     for number, (begin, end) in enumerate(pairwise(offsets)):
         sample = memoryview(data)[begin:end]
-        told = struct.unpack_from(f"<{len(unsized)}I", sample)
         sizes = list(shard.sizes)
-        for i, size in zip(unsized, told, strict=True):
-            sizes[i] = size
+        try:
+            for i, size in zip(
+                unsized, struct.unpack_from(f"<{len(unsized)}I", sample), strict=True
+            ):
+                sizes[i] = size
+        except struct.error:
+            raise MdsError(f"{shard.file}, sample {number}: damaged, its sizes cut short") from None
         start = 4 * len(unsized) + sum(s or 0 for s in sizes[:which])
         raw = bytes(sample[start : start + (sizes[which] or 0)])
         try:
@@ -161,12 +168,11 @@ def _decompress(shard: Shard) -> bytes:
     raw = shard.file.read_bytes()
     if not shard.codec:
         return raw
+    decompress = DECOMPRESS.get(shard.codec)
+    if decompress is None:
+        raise MdsError(f"{shard.file} is compressed with {shard.codec!r}, which MDS does not write")
     try:
-        return DECOMPRESS[shard.codec](raw)
-    except KeyError:
-        raise MdsError(
-            f"{shard.file} is compressed with {shard.codec!r}, which MDS does not write"
-        ) from None
+        return decompress(raw)
     except ImportError:
         raise MdsError(f"{shard.file} is compressed with {shard.codec}: {EXTRA} reads it") from None
     except Exception as exc:  # each codec fails in its own way on a damaged file

@@ -156,3 +156,29 @@ def test_a_folder_with_some_other_index_json_is_not_mds(tmp_path: Path) -> None:
     (tmp_path / "a.txt").write_text("some text\n")
 
     assert SourceSpec(name="f", path=str(tmp_path)).kind == "folder"
+
+
+def test_a_damaged_shard_is_named_when_read(tmp_path: Path) -> None:
+    """Its size as listed, its bytes not: found when read, and named with the file."""
+    for codec, damaged in (("zstd", "cannot be decompressed as zstd"), ("gz", "gz")):
+        copy = tmp_path / codec
+        shutil.copytree(SHARDS / "compressed" / codec, copy)
+        shard = copy / f"shard.00000.mds.{codec}"
+        data = bytearray(shard.read_bytes())
+        data[10:30] = bytes(20)
+        shard.write_bytes(bytes(data))
+
+        with pytest.raises(mds.MdsError) as caught:
+            list(mds.texts(str(copy), "text"))
+        assert str(caught.value).startswith(f"{shard} "), caught.value
+        assert damaged in str(caught.value)
+    plain = tmp_path / "plain"
+    shutil.copytree(SHARDS / "plain", plain)
+    first = plain / "shard.00000.mds"
+    original = first.read_bytes()
+    first.write_bytes(b"\x05\x00\x00\x00" + original[4:])
+    with pytest.raises(mds.MdsError, match=r"shard.00000.mds holds 5 samples, its index says"):
+        list(mds.texts(str(plain), "text"))
+    first.write_bytes(b"\xff\xff\x00\x00" + original[4:])
+    with pytest.raises(mds.MdsError, match="is damaged: its sample offsets are cut short"):
+        list(mds.texts(str(plain), "text"))
