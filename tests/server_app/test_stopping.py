@@ -1,8 +1,9 @@
 """``dept run`` on the real runtime: Ctrl-C and SIGTERM mid-round stop every process of a
 run and leave it resumable, in the foreground as in the background (``nohup dept run ... &``,
 no terminal), while another run, on its own SuperLink, goes on to the end; ``--resume``
-finishes a stopped one, each round once. The runs a user starts are ``dept run --help``'s
-examples, as printed, in a folder of the user's."""
+finishes a stopped one, each round once. The stopped and resumed run is ``dept run
+--help``'s first and last examples, as printed, in a folder of the user's; the GLOB run that
+finishes beside the background one is then exported and scored by the docs' examples."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ import pytest
 
 from server_app.launch import EXAMPLES as LAUNCH_EXAMPLES
 from server_app.local_runtime import processes_with, stop_processes
+from tests.command_examples import all_examples
 from tests.helpers import with_venv_on_path
 
 PROJECT = Path(__file__).resolve().parents[2]
@@ -47,11 +49,11 @@ def runs(tmp_path: Path) -> Iterator[list[Path]]:
         stop_processes(lambda out=out: list(_their_flower_home(out)), 1.0, 10.0)
 
 
-def _command(out: Path) -> list[str]:
-    """``dept run`` of a short run writing ``out``."""
+def _command(out: Path, *settings: str) -> list[str]:
+    """``dept run`` of a short run writing ``out``, with more ``settings``."""
     return [
         *(sys.executable, "-m", "dept_cli", "run", "--no-stream"),
-        *("-c", f"{SETTINGS} output-dir='{out}' state-dir='{out}-state'"),
+        *("-c", f"{SETTINGS} output-dir='{out}' state-dir='{out}-state'", *settings),
     ]
 
 
@@ -157,11 +159,11 @@ def test_sigterm_stops_a_run_in_the_background_while_another_finishes_on_its_own
     # input from /dev/null, no controlling terminal, the log in a file; beside it, at the
     # same time, a run in the foreground
     out, log = tmp_path / "bg", tmp_path / "nohup.out"
-    other = tmp_path / "outputs" / "dept"  # where the example writes
+    other = tmp_path / "outputs" / "dept"  # where the docs' GLOB examples below read
     runs += [out, other]
-    foreground = _printed(
-        LAUNCH_EXAMPLE_COMMANDS[1], tmp_path, "foreground.log"
-    )  # GLOB, int8, --no-stream
+    foreground = _launch(
+        _command(other, "-c", "variant='glob'"), PROJECT, tmp_path / "foreground.log"
+    )
     with log.open("w") as output:
         shell = subprocess.Popen(
             ["bash", "-c", 'nohup "$@" & wait $!', "bash", *_command(out)],
@@ -183,10 +185,24 @@ def test_sigterm_stops_a_run_in_the_background_while_another_finishes_on_its_own
     assert last == _stopped_line(out, signal.SIGTERM, after_round=1), log.read_text()[-3000:]
     assert list(_their_flower_home(out)) == [], "a process of the stopped run is alive"
     summary = _finished(foreground, other)
-    assert summary["rounds"] == 3, "the other run went on to the default's last round"
+    assert summary["rounds"] == ROUNDS, "the other run went on"
     assert summary["avg_val_bpb"] < summary["initial_avg_val_bpb"]
     ports = {
         re.search(r"SuperLink on (127\.0\.0\.1:\d+)", text).group(1)
         for text in (foreground.text(), log.read_text())
     }
     assert len(ports) == 2, "each run has a SuperLink of its own"
+    # and the GLOB run's global model, as docs/outputs.md and dept eval --help print it
+    for example in ("dept export outputs/dept --global", "dept eval outputs/dept --global"):
+        (command,) = [c for c in all_examples() if c.startswith(example)]
+        step = subprocess.run(
+            ["bash", "-c", command],
+            cwd=tmp_path,
+            env=_env(tmp_path),
+            capture_output=True,
+            text=True,
+        )
+        assert step.returncode == 0, (command, step.stderr[-3000:])
+    assert (tmp_path / "models" / "global" / "config.json").is_file()
+    scores = json.loads((other / "eval" / "eval.json").read_text())["results"]
+    assert "global" in {s["model"] for s in scores}, scores
