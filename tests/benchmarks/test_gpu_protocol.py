@@ -35,6 +35,7 @@ def test_the_gpu_command_is_the_authors_regime_in_five_rounds(tmp_path: Path) ->
     assert parsed.lrs == [6e-4] and base.device == "cuda"
 
 
+@pytest.mark.slow  # four short runs: 8 s of the fast tier's 150
 def test_the_smoke_protocol_runs_on_a_cpu(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, node_cache: Path
 ) -> None:

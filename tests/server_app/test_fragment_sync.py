@@ -104,6 +104,7 @@ def _no_screening_problems(out: Path) -> list[dict]:
     return summary["problems"] + screened
 
 
+@pytest.mark.slow  # 100 local steps a source, each: 24 s of the fast tier's 150
 @pytest.mark.parametrize(
     "settings",
     [

@@ -124,6 +124,7 @@ def wandb_offline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[P
     wandb.teardown()  # also stops the service process W&B started
 
 
+@pytest.mark.slow  # a run, then W&B's own service and reader: 9 s of the fast tier's 150
 def test_tensorboard_and_wandb_hold_every_round_of_metrics_jsonl(
     tmp_path: Path, wandb_offline: Path, node_cache: Path
 ) -> None:
