@@ -11,7 +11,10 @@ A query can also be lost: Flower drops a message whose ClientApp process dies or
 token was revoked, without an error reply. So a query is never waited on alone: it stays
 pending, its reply is taken whenever it comes (also in a later round), and a node whose
 query goes unanswered is asked again after ``reask_after_s``, then after twice that, and so
-on, so that one lost message cannot stall the wait for a resumed run's sources.
+on, so that one lost message cannot stall the wait for a resumed run's sources. A node that
+was away (off Flower's list of connected nodes: a partition, a paused machine) is asked again
+as soon as it is back: a query sent before is taken as lost with it, so the node trains in
+the next round rather than after the re-ask's wait.
 
 A source has one node at a time: the first that served it keeps it while it is connected,
 and a second node claiming it is refused (both ids logged, the conflict recorded) instead of
@@ -57,6 +60,7 @@ class NodeQueries:
     last_error: float = 0.0
     failure: str = ""  # why it could not (yet) say what it serves
     silent: bool = False  # the failure is queries gone unanswered
+    returned: bool = False  # back from away before it said what it serves: ask now
 
 
 class NotEnoughNodes(RuntimeError):
@@ -93,6 +97,7 @@ class SourceDirectory:
         self.owner: dict[str, int] = {}  # source -> the node serving it
         self.refused: set[tuple[str, int]] = set()  # (source, node) conflicts already reported
         self.conflicts: list[dict[str, str]] = []  # what was refused, for the run's report
+        self.connected: set[int] = set()  # the nodes connected at the last refresh
 
     def refresh(
         self, grid: Grid, server_round: int, history: RunHistory, *, patience_s: float | None = None
@@ -101,7 +106,8 @@ class SourceDirectory:
         goes into ``history``) and wait up to ``patience_s`` (default: ``query_timeout_s``)
         for those asked for the first time; return ``{source: node}`` for the connected
         nodes."""
-        connected = set(grid.get_node_ids())
+        self.observe(set(grid.get_node_ids()))
+        connected = self.connected
         self._collect(grid, server_round, history)  # replies to earlier asks
         now = time.monotonic()
         due = [
@@ -110,10 +116,7 @@ class SourceDirectory:
             if self._due(n, now, server_round)
         ]
         first = [n for n in due if not self._of(n).unanswered]
-        for node in due:
-            self._note_silence(node, now, server_round, history)
-        if due:
-            self._ask(grid, due, server_round)
+        self._ask_now(grid, due, server_round, history)
         patience = self.query_timeout_s if patience_s is None else patience_s
         deadline = time.monotonic() + patience
         while True:
@@ -121,6 +124,11 @@ class SourceDirectory:
             if not any(self.queries[n].unanswered for n in first) or time.monotonic() >= deadline:
                 break
             time.sleep(min(POLL_S, max(0.0, deadline - time.monotonic())))
+            self.observe(set(grid.get_node_ids()))  # one that was away may be back meanwhile
+            back = [
+                n for n in sorted(self.connected - self.node_sources.keys()) if self._of(n).returned
+            ]
+            self._ask_now(grid, back, server_round, history)
         keys_of = node_keys(grid)  # empty where nodes do not authenticate
         for node in [n for n in self.node_sources if n in connected]:  # first answered first
             for source in self.node_sources[node]:
@@ -192,6 +200,8 @@ class SourceDirectory:
         this round; a node that answered an error is asked again the next round, or within
         the round on the same backoff (it may have been away: "Node Unavailable")."""
         state = self._of(node)
+        if state.returned:
+            return True
         if state.unanswered:
             return now - state.last_sent >= self.reask_after_s * 2 ** (state.unanswered - 1)
         if state.asked_in_round != server_round:
@@ -200,6 +210,24 @@ class SourceDirectory:
             now - state.last_error >= self.reask_after_s * 2 ** (state.errors - 1)
         )
 
+    def observe(self, connected: set[int]) -> None:
+        """Note the nodes connected now: one back after being off the list (a partition, a
+        paused machine) that has not said what it serves (its query lost, or answered for it
+        by Flower: "Node Unavailable") is asked again at once."""
+        for node in connected - self.connected:
+            if node in self.queries and node not in self.node_sources:
+                self.queries[node].returned = True
+        self.connected = connected
+
+    def _ask_now(
+        self, grid: Grid, nodes: list[int], server_round: int, history: RunHistory
+    ) -> None:
+        now = time.monotonic()
+        for node in nodes:
+            self._note_silence(node, now, server_round, history)
+        if nodes:
+            self._ask(grid, nodes, server_round)
+
     def _note_silence(self, node: int, now: float, server_round: int, history: RunHistory) -> None:
         """An overdue query: logged and written down before the node is asked again."""
         state = self._of(node)
@@ -207,6 +235,8 @@ class SourceDirectory:
             return
         ago = now - state.last_sent
         state.failure = f"no answer to {state.unanswered} query(ies), the last {ago:.0f} s ago"
+        if state.returned:
+            state.failure += ", before it was away"
         state.silent = True
         why = f"did not say which sources it serves: {state.failure}"
         log.warning("node %d %s; asking again", node, why)
@@ -222,6 +252,7 @@ class SourceDirectory:
             self.pending[message_id] = node
             state = self._of(node)
             state.asked_in_round = server_round
+            state.returned = False
             state.unanswered += 1
             state.last_sent = now
 
@@ -297,6 +328,7 @@ class SourceDirectory:
         seen, stable_since, next_log = set[int](), time.monotonic(), 0.0
         while True:
             nodes = set(grid.get_node_ids())
+            self.observe(nodes)  # also while too few are there to ask
             if nodes != seen:
                 seen, stable_since = nodes, time.monotonic()
                 # said at once: the first answers wait for each ClientApp to start (tens of s)

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
-from flwr.app import Message
+from flwr.app import Error, Message
 from flwr.proto.node_pb2 import NodeInfo
 
 from dept.config import ConfigError
@@ -271,3 +271,74 @@ def test_a_node_away_when_first_asked_is_asked_again_within_the_wait() -> None:
     )
     owners = directory.wait(grid, 0, _history(), expected=frozenset({"de", "fr"}))
     assert owners == {"de": 1, "fr": 2}
+
+
+class AwayGrid(LossyGrid):
+    """Node 2 is off the connected list while ``away`` is set (a partition)."""
+
+    away = False
+
+    def get_node_ids(self):
+        return [n for n in super().get_node_ids() if not (self.away and n == 2)]
+
+
+def test_a_node_back_from_away_is_asked_again_at_once_not_after_the_reask_wait() -> None:
+    # Prepare: node 2 is known; it goes away and the query sent to it is lost
+    grid = AwayGrid(directory_app({1: ["de"], 2: ["fr"]}), nodes=2, lossy={})
+    directory = SourceDirectory(
+        run_id="r", min_nodes=0, wait_s=30, query_timeout_s=0.5, reask_after_s=60
+    )
+    history = _history()
+    assert directory.refresh(grid, 1, history) == {"de": 1, "fr": 2}
+    grid.lossy[2] = 1
+    directory.node_sources.pop(2)  # as after a resume: asked anew
+    assert directory.refresh(grid, 2, history) == {"de": 1}, "its query lost"
+    grid.away = True
+    assert directory.refresh(grid, 3, history) == {"de": 1}
+    # Execute: back, seconds later
+    grid.away = False
+    owners = directory.refresh(grid, 4, history)
+    # Assert: asked again at once, not after 60 s, and why is written down
+    assert owners == {"de": 1, "fr": 2}
+    assert grid.sent == [1, 2, 2, 2]
+    (reason,) = [f["reason"] for f in history.rounds[4].failed]
+    assert reason.endswith(" s ago, before it was away"), reason
+
+
+class PartitionedGrid(LossyGrid):
+    """Node 2 drops off the connected list ``off_s`` seconds after the first look, for
+    ``for_s`` seconds (Flower's missed heartbeats), then is back; its first query is lost."""
+
+    def __init__(self, app, off_s: float, for_s: float, lose: int) -> None:
+        super().__init__(app, nodes=2, lossy={2: lose})
+        self.off_s, self.for_s, self.first_look = off_s, for_s, 0.0
+
+    def get_node_ids(self):
+        self.first_look = self.first_look or time.monotonic()
+        since = time.monotonic() - self.first_look
+        away = self.off_s <= since < self.off_s + self.for_s
+        return [n for n in super().get_node_ids() if not (away and n == 2)]
+
+
+@pytest.mark.parametrize("answer", ["lost", "Node Unavailable"])
+def test_a_resumed_run_asks_a_node_back_from_a_partition_within_its_wait(answer: str) -> None:
+    # node 2's query is lost in its partition, or Flower answers for it; the re-ask's own
+    # wait (60 s) is longer than the run's
+    served: dict[int, list[str]] = {1: ["de"], 2: ["fr"]}
+    app = directory_app(served)
+
+    def unavailable_once(msg, context):
+        if msg.metadata.dst_node_id == 2 and not grid.sent.count(2) > 1:
+            return Message(Error(code=0, reason="Node Unavailable"), reply_to=msg)
+        return app(msg, context)
+
+    lost = answer == "lost"
+    grid = PartitionedGrid(app if lost else unavailable_once, off_s=0.5, for_s=1.0, lose=lost)
+    directory = SourceDirectory(
+        run_id="r", min_nodes=2, wait_s=5, query_timeout_s=600, reask_after_s=60
+    )
+    started = time.monotonic()
+    owners = directory.wait(grid, 0, _history(), expected=frozenset({"de", "fr"}))
+    assert owners == {"de": 1, "fr": 2}
+    assert time.monotonic() - started < 5, "asked again once back, not after 60 s"
+    assert grid.sent == [1, 2, 2]
