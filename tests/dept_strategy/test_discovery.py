@@ -333,7 +333,7 @@ def test_a_resumed_run_asks_a_node_back_from_a_partition_within_its_wait(answer:
         return app(msg, context)
 
     lost = answer == "lost"
-    grid = PartitionedGrid(app if lost else unavailable_once, off_s=0.5, for_s=1.0, lose=lost)
+    grid = PartitionedGrid(app if lost else unavailable_once, off_s=0.2, for_s=0.4, lose=lost)
     directory = SourceDirectory(
         run_id="r", min_nodes=2, wait_s=5, query_timeout_s=600, reask_after_s=60
     )
