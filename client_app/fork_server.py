@@ -4,11 +4,13 @@ Flower 1.42 runs every message in a new ``flwr-clientapp`` process, and each pay
 start and Flower's imports (1.7 s of CPU on an idle core) before it reads the message:
 two processes per source and round, and on a machine where the nodes share the cores,
 more than the round's training at small and middle sizes. Where ``dept run`` starts the
-nodes itself (its federation of processes) its ``flwr-clientapp`` launcher asks this
-node's fork server instead (:func:`run_forked`, named by :data:`FOLDER_VARIABLE`), which
-forks a child with those imports done and runs Flower's own ``flwr_clientapp`` in it,
-with the same arguments. The launcher waits for that child and exits with its code, and
-passes on SIGTERM and SIGINT, so Flower's executor sees what it would have seen.
+nodes itself (its federation of processes), and under a deployed node's ``dept superexec``
+(:mod:`dept_cli.superexec`), the ``flwr-clientapp`` launcher asks the executor's fork
+server instead (:func:`run_forked`, named by :data:`FOLDER_VARIABLE`), which forks a child
+with those imports done and runs Flower's own ``flwr_clientapp`` in it, with the same
+arguments. The launcher waits for that child and exits with its code, passes on SIGTERM
+and SIGINT, and takes the child with it when killed: Flower's executor, and whoever kills
+a ClientApp, sees what a plain process would have shown.
 
 The server is started by the first launcher that finds none (in the node's session, so
 killing the node kills it), exits when the node's executor is gone, and never imports
@@ -87,12 +89,22 @@ def _start(folder: Path) -> socket.socket | None:
 
 def serve(folder: Path, watch_pid: int) -> None:
     """Fork a ClientApp per request until ``watch_pid`` (the node's executor) is gone; one
-    thread only, so a child never inherits a lock another thread held."""
+    thread only, so a child never inherits a lock another thread held. A launcher that dies
+    first (killed) takes its child with it, as a plain ``flwr-clientapp`` process would go."""
     from flwr.supernode.cli import flwr_clientapp  # what every child would import
 
     watched = watch(watch_pid)
     if watched is None:
         return
+    for each in FORWARDED:  # the node's session stopped: leave no socket behind
+        signal.signal(each, lambda _signum, _frame: sys.exit(0))
+    try:
+        _serve(folder, watched, flwr_clientapp)
+    finally:
+        remove(folder)
+
+
+def _serve(folder: Path, watched: int, flwr_clientapp: object) -> None:
     path = folder / SOCKET
     path.unlink(missing_ok=True)
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -101,9 +113,12 @@ def serve(folder: Path, watch_pid: int) -> None:
     server.listen(64)
     waiting: dict[int, socket.socket] = {}  # child pid -> its launcher's connection
     while True:
-        ready, _, _ = select.select([server.fileno(), watched], [], [], POLL_S)
+        launchers = {conn.fileno(): child for child, conn in waiting.items()}
+        ready, _, _ = select.select([server.fileno(), watched, *launchers], [], [], POLL_S)
         if watched in ready:  # the executor is gone
-            break
+            return
+        for fileno in set(ready) & set(launchers):  # a launcher never writes: it is gone
+            _end(launchers[fileno], waiting)
         if server.fileno() in ready:
             conn, _ = server.accept()
             request = json.loads(conn.makefile("rb").readline() or b"{}")
@@ -118,7 +133,25 @@ def serve(folder: Path, watch_pid: int) -> None:
             conn.sendall(json.dumps({"pid": child}).encode() + b"\n")
             waiting[child] = conn
         _reap(waiting)
-    path.unlink(missing_ok=True)
+
+
+def remove(folder: Path) -> None:
+    """A fork server's folder and what it holds, and the folder of such folders it was in
+    once it holds no other (a folder per executor: ``dept superexec``)."""
+    for name in (SOCKET, START_LOCK):
+        (folder / name).unlink(missing_ok=True)
+    for each in (folder, folder.parent):
+        with contextlib.suppress(OSError):
+            each.rmdir()
+
+
+def _end(child: int, waiting: dict[int, socket.socket]) -> None:
+    """``child``'s launcher is gone: so is the child, reaped later without a reply."""
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(child, signal.SIGKILL)
+    waiting.pop(child).close()
+    with contextlib.suppress(ChildProcessError):
+        os.waitpid(child, 0)
 
 
 def _child(argv: list[str], flwr_clientapp: object) -> None:

@@ -41,6 +41,9 @@ COMMANDS: dict[str, Command] = {
     "certs": Command("dept.certificates", "TLS certificates and SuperNode keys for a deployment"),
     "models": Command("dept_cli.models", "the model families and sizes, with parameter counts"),
     "prepare": Command("dept_cli.prepare", "tokenize a node's sources ahead of a run"),
+    "superexec": Command(
+        "dept_cli.superexec", "a node's flower-superexec, its ClientApps started warm (deployment)"
+    ),
     "gateway-auth": Command(
         "dept_cli.gateway_auth", "the gateway's check of SuperNode signatures (deployment)"
     ),

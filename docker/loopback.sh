@@ -92,7 +92,7 @@ node() {  # node SOURCE
     --root-certificates "$certs/ca.crt" --auth-supernode-private-key "$certs/supernodes/$1" \
     --port "$port" --superexec-auth-secret-file "$secret" \
     --node-config "source='$1' path='builtin:synthetic-$1' vocab-size=300 state-dir='$work/state/$1'"
-  start "superexec-$1" flower-superexec --insecure --runtime-api-address "127.0.0.1:$port" \
+  start "superexec-$1" dept superexec --insecure --runtime-api-address "127.0.0.1:$port" \
     --superexec-auth-secret-file "$secret"   # the node's own Runtime API: loopback only
 }
 node latin

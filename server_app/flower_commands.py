@@ -100,9 +100,11 @@ def command_folder(folder: Path) -> Path:
         text = template.format(
             python=sys.executable, module=module, function=function, forks=FOLDER_VARIABLE
         )
-        if not path.is_file() or path.read_text() != text:
-            path.write_text(text)
-            path.chmod(0o755)
+        if not path.is_file() or path.read_text() != text:  # whole or not at all: shared
+            fresh = folder / f".{command}.{os.getpid()}"
+            fresh.write_text(text)
+            fresh.chmod(0o755)
+            os.replace(fresh, path)
     return folder
 
 

@@ -11,24 +11,14 @@ import importlib
 import re
 from pathlib import Path
 
+from dept_cli.main import COMMANDS
+
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 SHELL_BLOCK = re.compile(r"^```(?:bash|sh|shell|console)\n(.*?)^```$", re.S | re.M)
 HEREDOC = re.compile(r"<<-?'?(\w+)'?")
-# the modules whose ``--help`` ends with examples, and the constant that holds them
-HELP = {
-    "dept.certificates": "EXAMPLES",
-    "dept_cli.main": "EXAMPLES",
-    "dept_cli.compare": "EPILOG",
-    "dept_cli.cpt": "EXAMPLES",
-    "dept_cli.evaluate": "EXAMPLES",
-    "dept_cli.export": "EXAMPLES",
-    "dept_cli.finetune": "EXAMPLES",
-    "dept_cli.gateway_auth": "EXAMPLES",
-    "dept_cli.models": "EXAMPLES",
-    "dept_cli.prepare": "EXAMPLES",
-    "server_app.launch": "EXAMPLES",
-}
+# the modules whose ``--help`` ends with examples: ``dept`` and each of its commands
+HELP = ["dept_cli.main", *(command.module for command in COMMANDS.values())]
 
 
 def block_commands(block: str) -> list[str]:
@@ -63,11 +53,13 @@ def doc_examples() -> dict[str, str]:
 
 
 def help_examples() -> dict[str, str]:
-    """Each ``--help`` example, as printed, and the module whose help shows it."""
+    """Each ``--help`` example, as printed (continued lines joined), and the module whose
+    help shows it: the examples that end a text constant of the module."""
     found: dict[str, str] = {}
-    for module, constant in HELP.items():
-        text = getattr(importlib.import_module(module), constant)
-        examples = text[text.index("examples:") :].splitlines()[1:]
+    for module in HELP:
+        texts = [v for v in vars(importlib.import_module(module)).values() if isinstance(v, str)]
+        (text,) = [t for t in texts if "examples:\n" in t]
+        examples = text[text.index("examples:") :].replace("\\\n", " ").splitlines()[1:]
         for line in examples:
             command = line.split(" #")[0].strip()
             if command.startswith("dept "):

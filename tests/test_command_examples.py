@@ -32,6 +32,7 @@ LOOPBACK = (
     "test_the_loopback_script_runs_a_federation_a_source_joins_and_nothing_is_left"
 )
 COMPOSE = "tests/deploy/test_compose.py::test_the_compose_federation_builds_runs_and_recovers"
+SUPEREXEC = "tests/dept_cli/test_superexec.py::test_the_help_example_runs_flowers_executor_with_the_fork_launcher_first_on_path"
 SOURCE_FORMS = (
     "tests/dept/data/test_source_forms.py::test_the_docs_example_makes_and_prepares_every_form"
 )
@@ -80,6 +81,7 @@ RUN_BY: dict[str, str] = {
     "dept run -c \"model='debug' num-server-rounds=2 output-dir='runs/debug'\"": CTRL_C,
     "dept run -c \"model='gpt2:tiny' variant='glob' compression='int8'\" -c \"seed=1\" --no-stream": f"{SAME_PATH}: {BACKGROUND}",
     "dept run --resume runs/debug": CTRL_C,
+    "dept superexec --insecure --runtime-api-address 127.0.0.1:9094 --superexec-auth-secret-file superexec.secret": SUPEREXEC,
     # README.md
     "pip install -e . && dept run": QUICKSTART,
     'pip install -e ".[test]" && pytest': "run by CI itself: .ci/run ends with it",
@@ -95,7 +97,7 @@ RUN_BY: dict[str, str] = {
     "flwr supernode register ~/dept-certs/supernodes/de-novels.pub server": MACHINES,
     '(umask 077; python -c "import secrets; print(secrets.token_hex(32))" > superexec.secret)': MACHINES,
     "flower-supernode --isolation process --superlink superlink.example.org:8443 --root-certificates ca.crt --auth-supernode-private-key de-novels --port 9094 --superexec-auth-secret-file superexec.secret --node-config \"source='de-novels' path='/data/de-novels' vocab-size=4096 state-dir='/var/lib/dept'\" &": MACHINES,
-    "flower-superexec --insecure --runtime-api-address 127.0.0.1:9094 --superexec-auth-secret-file superexec.secret &": MACHINES,
+    "dept superexec --insecure --runtime-api-address 127.0.0.1:9094 --superexec-auth-secret-file superexec.secret &": f"{SUPEREXEC} (the help's example, the same line)",
     "flwr run . server --stream --run-config \"model='small' num-server-rounds=50 min-available-nodes=1 output-dir='runs/remote-1'\"": MACHINES,
     "docker compose -f docker/compose.yml up -d --build": DOCKER,
     "flwr run . local --stream": DOCKER,

@@ -343,9 +343,7 @@ class Soak:
 def run_soak(opts: Options) -> dict[str, Any]:
     """The soak, its fault-free twin and the checks; the results (:func:`write`)."""
     shutil.rmtree(opts.work, ignore_errors=True)
-    (opts.work / "tmp").mkdir(parents=True)
-    deployment = Loopback(opts.work)
-    deployment.env["TMPDIR"] = str(opts.work / "tmp")  # what the processes leave is ours
+    deployment = Loopback(opts.work)  # its processes' TMPDIR is work/tmp: what they leave is ours
     soak = Soak(deployment, opts)
     try:
         soak.start()

@@ -149,6 +149,7 @@ class Loopback:
         signal.signal(signal.SIGTERM, _interrupt)
         self.logs = self.root / "logs"
         self.logs.mkdir(parents=True, exist_ok=True)
+        (self.root / "tmp").mkdir(exist_ok=True)
         self.flwr_home = self.root / "flwr-home"
         self.env = {
             **os.environ,
@@ -156,6 +157,7 @@ class Loopback:
             "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
             "OMP_NUM_THREADS": "1",  # several trainers share the CI machine's two cores
             "PYTHONUNBUFFERED": "1",
+            "TMPDIR": str(self.root / "tmp"),  # what the processes leave there is the test's
             # the executors start flwr-serverapp and flwr-clientapp by name: this venv's,
             # also when the venv is not activated (``.venv/bin/python -m benchmarks...``)
             "PATH": os.pathsep.join([str(BIN), os.environ.get("PATH", "")]),
@@ -282,7 +284,8 @@ class Loopback:
             name += f".{sum(p.name.startswith(name) for p in self.processes)}"
         return self.start(
             name,
-            "flower-superexec",
+            "dept",
+            "superexec",  # as deployed: flower-superexec, its ClientApps forked warm
             "--runtime-api-address",
             runtime,
             "--insecure",  # the node's own Runtime API listens on loopback only
