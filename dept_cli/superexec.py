@@ -3,11 +3,12 @@
 Flower 1.42's executor starts a ``flwr-clientapp`` process for every message, and each
 imports Flower before it reads its message: in the fault soak's loopback deployment a
 message was in hand 3.6 s after its process started (median of 73), against 0.1 s of
-training; 1.5 s through this command. This runs ``flower-superexec`` with the arguments it is given, this
-interpreter's Flower launchers first on ``PATH`` (:mod:`server_app.flower_commands`) and a
-fork-server folder of its own (:mod:`client_app.fork_server`): each ClientApp process is
-forked from one that imported Flower once and runs Flower's own ``flwr-clientapp`` with
-the same arguments. An executor of ServerApps runs as ``flower-superexec`` would.
+training; 1.5 s through this command. This runs ``flower-superexec`` with the arguments it
+is given, this interpreter's Flower launchers first on ``PATH``
+(:mod:`server_app.flower_commands`) and a fork-server folder of its own
+(:mod:`client_app.fork_server`): each ClientApp process is forked from one that imported
+Flower once and runs Flower's own ``flwr-clientapp`` with the same arguments. An executor
+of ServerApps runs as ``flower-superexec`` would.
 """
 
 from __future__ import annotations
