@@ -48,6 +48,9 @@ PARTITION_S = 70.0  # Flower 1.42 drops a node after 2 missed heartbeats of 30 s
 POLL_S = 0.5
 GRACE_S = 20.0  # a SIGTERMed process's time to exit cleanly at the end
 RESUMED = re.compile(r"resuming run \S+ after round (\d+)")
+# Flower's executor, not dept superexec: with it, one CI soak stalled a round to its
+# round-timeout-s on a node one reply behind that a nudge did not release (stop 59's note)
+NODE_EXECUTOR = ("flower-superexec",)
 DISK_SIZE = "64m"  # each small disk: a node's state, the server's output
 FILLER = ".filler"  # what fills one (benchmarks.soak.faults.fill)
 
@@ -343,7 +346,8 @@ class Soak:
 def run_soak(opts: Options) -> dict[str, Any]:
     """The soak, its fault-free twin and the checks; the results (:func:`write`)."""
     shutil.rmtree(opts.work, ignore_errors=True)
-    deployment = Loopback(opts.work)  # its processes' TMPDIR is work/tmp: what they leave is ours
+    # its processes' TMPDIR is work/tmp: what they leave is ours
+    deployment = Loopback(opts.work, executor=NODE_EXECUTOR)
     soak = Soak(deployment, opts)
     try:
         soak.start()

@@ -142,6 +142,8 @@ class Loopback:
     gateway_auth: str = field(default_factory=lambda: f"127.0.0.1:{free_port()}")
     processes: list[Process] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
+    # the nodes' executor, as deployed (docs/deployment.md); or Flower's own
+    executor: tuple[str, ...] = ("dept", "superexec")
 
     def __post_init__(self) -> None:
         # A SIGTERM to pytest (a CI job cancelled) unwinds like Ctrl-C, so the fixture's
@@ -284,8 +286,7 @@ class Loopback:
             name += f".{sum(p.name.startswith(name) for p in self.processes)}"
         return self.start(
             name,
-            "dept",
-            "superexec",  # as deployed: flower-superexec, its ClientApps forked warm
+            *self.executor,
             "--runtime-api-address",
             runtime,
             "--insecure",  # the node's own Runtime API listens on loopback only
