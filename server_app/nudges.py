@@ -11,7 +11,10 @@ Any message to such a node makes it send what it holds, so a node that stays sil
 after the others answered is *nudged* with a query (cheap: it only names the node's
 sources). A node whose reply came only after a nudge is behind; from then on it is nudged
 right after each message, so its real reply goes out at once. Discovery marks nodes behind
-the same way (:attr:`dept_strategy.discovery.SourceDirectory.behind`).
+the same way (:attr:`dept_strategy.discovery.SourceDirectory.behind`). A node still silent
+is nudged again each ``after_s``: a nudge whose own quick reply overtook the message's
+(a ClientApp forked warm answers a query in a fraction of a second, a training takes
+longer) released nothing, and the next nudge sends the reply that was still held.
 """
 
 from __future__ import annotations
@@ -34,12 +37,12 @@ class NodesBehind:
     def __init__(self, run_id: str, behind: set[int], after_s: float = NUDGE_AFTER_S) -> None:
         """``behind``: shared with discovery, so a node either finds behind is nudged."""
         self.run_id, self.behind, self.after_s = run_id, behind, after_s
-        self.nudged: set[int] = set()  # in this exchange
+        self.nudged: dict[int, float] = {}  # node -> when it was last nudged, this exchange
         self.started = self.last_reply = time.monotonic()
 
     def pushed(self, grid: Grid, nodes: set[int]) -> None:
         """An exchange began with messages to ``nodes``: those behind are nudged now."""
-        self.nudged, self.started = set(), time.monotonic()
+        self.nudged, self.started = {}, time.monotonic()
         self.last_reply = self.started
         self._nudge(grid, nodes & self.behind)
 
@@ -55,24 +58,27 @@ class NodesBehind:
             self.behind.add(node)
 
     def waiting(self, grid: Grid, silent: set[int], any_reply: bool) -> None:
-        """Nudge the ``silent`` nodes not nudged yet once the wait is long enough: at least
-        ``after_s`` and twice the wait for the last reply if any came, else twice ``after_s``."""
-        waited = time.monotonic() - self.started
+        """Nudge the ``silent`` nodes once the wait is long enough (at least ``after_s`` and
+        twice the wait for the last reply if any came, else twice ``after_s``), and again
+        each ``after_s`` while they stay silent."""
+        now = time.monotonic()
+        waited = now - self.started
         if any_reply:
             needed = max(self.after_s, SLOWER_THAN_LAST * (self.last_reply - self.started))
         else:
             needed = SLOWER_THAN_LAST * self.after_s
         if waited < needed:
             return
-        if fresh := silent - self.nudged:
-            log.info("nudging silent node(s) %s after %.0f s", sorted(fresh), waited)
-            self._nudge(grid, fresh)
+        again = {n for n, at in self.nudged.items() if now - at < self.after_s}
+        if due := silent - again:
+            log.info("nudging silent node(s) %s after %.0f s", sorted(due), waited)
+            self._nudge(grid, due)
 
     def _nudge(self, grid: Grid, nodes: set[int]) -> None:
         if not nodes:
             return
         nudges = discovery_queries(sorted(nodes), self.run_id)
-        self.nudged |= nodes
+        self.nudged |= dict.fromkeys(nodes, time.monotonic())
         try:  # their replies are never pulled: they expire in the SuperLink
             grid.push_messages(nudges)
         except Exception as exc:  # a nudge only speeds a reply up: it must not end a round

@@ -102,4 +102,32 @@ class RefusingGrid(BehindGrid):
 def test_a_nudge_the_superlink_refuses_does_not_end_the_round() -> None:
     nudges = NodesBehind("run", behind={2}, after_s=0.0)
     nudges.pushed(RefusingGrid(set()), {1, 2})
-    assert nudges.nudged == {2}, "tried once, not again this exchange"
+    assert set(nudges.nudged) == {2}, "tried once, not again at once"
+
+
+class OvertakingGrid(BehindGrid):
+    """Node 3 trains slowly: the query that nudges it right after its train message is
+    answered first, so its training reply is still held after that nudge and goes out only
+    with the next message."""
+
+    def push_messages(self, messages: Iterable[Message]) -> list[str]:
+        ids = []
+        for msg in messages:
+            if (msg.metadata.dst_node_id, msg.metadata.message_type) != (3, "query"):
+                ids += super().push_messages([msg])
+                continue
+            msg.metadata.__dict__["_message_id"] = f"m{len(self.pushed)}"
+            self.pushed.append((3, "query"))
+            if self.pushed.count((3, "query")) > 1 and 3 in self.held:  # its training is done
+                held = self.held.pop(3)
+                self.out[held.metadata.reply_to_message_id] = held
+            ids.append(msg.metadata.message_id)
+        return ids
+
+
+def test_a_node_whose_nudge_was_answered_first_is_nudged_again_until_its_reply_comes() -> None:
+    grid = OvertakingGrid(behind={3})
+    nudges = NodesBehind("run", behind={3}, after_s=0.2)  # known behind: nudged at once
+    replied, took_s = _exchange(grid, nudges, timeout=10)
+    assert replied == {1, 2, 3} and took_s < 5, "nudged again, not left to the timeout"
+    assert grid.pushed.count((3, "query")) == 2
