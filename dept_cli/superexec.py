@@ -66,6 +66,7 @@ def main(argv: list[str]) -> int:
         flower_superexec()
     commands = command_folder(launcher_folder())
     executor = [str(commands / "flower-superexec"), *argv]
-    clear_dead(fork_folder(os.getpid()).parent)
-    env = {**with_commands(os.environ, commands), FOLDER_VARIABLE: str(fork_folder(os.getpid()))}
+    forks = fork_folder(os.getpid())  # exec keeps the process id: the executor's
+    clear_dead(forks.parent)
+    env = {**with_commands(os.environ, commands), FOLDER_VARIABLE: str(forks)}
     os.execve(executor[0], executor, env)

@@ -13,8 +13,8 @@ pending, its reply is taken whenever it comes (also in a later round), and a nod
 query goes unanswered is asked again after ``reask_after_s``, then after twice that, and so
 on, so that one lost message cannot stall the wait for a resumed run's sources. A node that
 was away (off Flower's list of connected nodes: a partition, a paused machine) is asked again
-as soon as it is back: a query sent before is taken as lost with it, so the node trains in
-the next round rather than after the re-ask's wait.
+as soon as it is back: its query was lost with it, or answered "Node Unavailable" for it,
+so the node trains in the next round rather than after the re-ask's wait.
 
 A source has one node at a time: the first that served it keeps it while it is connected,
 and a second node claiming it is refused (both ids logged, the conflict recorded) instead of
@@ -97,7 +97,7 @@ class SourceDirectory:
         self.owner: dict[str, int] = {}  # source -> the node serving it
         self.refused: set[tuple[str, int]] = set()  # (source, node) conflicts already reported
         self.conflicts: list[dict[str, str]] = []  # what was refused, for the run's report
-        self.connected: set[int] = set()  # the nodes connected at the last refresh
+        self.connected: set[int] = set()  # the nodes connected at the last look (observe)
 
     def refresh(
         self, grid: Grid, server_round: int, history: RunHistory, *, patience_s: float | None = None
