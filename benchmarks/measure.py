@@ -20,7 +20,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from server_app.report import dumps
+from dept.state.strict_json import dumps
 
 PROJECT = Path(__file__).resolve().parents[1]  # the checkout: flwr run and dept run start here
 CORPORA = PROJECT / "benchmarks" / "corpora.yaml"

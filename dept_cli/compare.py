@@ -51,6 +51,7 @@ from dept.data.sources import check_source_paths, run_sources
 from dept.model.outer_optimizers import OUTER_OPTIMIZERS
 from dept.paths import resolve_path
 from dept.state.jsonl import read_lines
+from dept.state.strict_json import dumps
 from dept_cli import compare_pool
 from dept_cli.compare_plan import (
     COMPARED_SOURCES,
@@ -67,7 +68,6 @@ from dept_cli.methods import BASELINES, FEDERATED, METHODS
 from dept_cli.run_logs import run_logging
 from dept_cli.seeds import pool_seeds
 from dept_cli.text_budget import BUDGETS
-from server_app.report import dumps
 
 # What benchmarks and tests use of a comparison, besides the command (main).
 __all__ = [

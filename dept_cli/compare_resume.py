@@ -17,10 +17,10 @@ from typing import Any
 
 from dept.config import DeptConfig, to_run_config
 from dept.model.variants import variant
+from dept.state.strict_json import dumps
 from dept_cli.compare_plan import Plan
 from dept_cli.methods import FEDERATED
 from server_app.checkpoint import saved_run_config
-from server_app.report import dumps
 
 log = logging.getLogger(__name__)
 PLAN_FILE = "plan.json"  # in a run's folder: the run config it ran with

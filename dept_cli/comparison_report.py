@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from dept.config import DeptConfig, to_run_config
+from dept.state.strict_json import dumps
 from dept_cli.methods import BASELINES, FEDERATED, own_tokenizer, title
-from server_app.report import dumps
 
 STD_METHODS = tuple(m for m, b in BASELINES.items() if not b.forgets)  # the reference runs
 SPREAD = "avg_bpb_sd"  # a result pooled over seeds (dept_cli.seeds): the average's sd

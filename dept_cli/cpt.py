@@ -29,10 +29,10 @@ from dept.data.sources import SourceSpec, check_source_paths, load_sources, writ
 from dept.export import export_trained
 from dept.model.variants import VARIANTS
 from dept.paths import resolve_path
+from dept.state.strict_json import dumps
 from dept.state.workspace import own_tokenizer
 from dept.train.baselines import BaselineRound, BaselineRun, run_standard
 from dept_cli.in_process import federate_in_process
-from server_app.report import dumps
 
 log = logging.getLogger("cpt")
 EXAMPLES = """examples:

@@ -32,6 +32,7 @@ from dept.data.corpus import load_source_text
 from dept.data.sources import SourceSpec, run_sources
 from dept.export import RUN_CONFIG_FILE, export_global, export_source, load_run, state_root
 from dept.model.variants import variant
+from dept.state.strict_json import dumps
 from dept.train.devices import resolve_device, size_cpu_threads
 from dept_cli.compare_resume import PLAN_FILE, RESULT_FILE
 from dept_cli.harness import (
@@ -40,7 +41,6 @@ from dept_cli.harness import (
     stream_task_name,
     validation_stream,
 )
-from server_app.report import dumps
 
 BASELINE_MODEL = "model"  # in a comparison's STD/ACT run folder: its final model, exported
 EVAL_DIR = "eval"

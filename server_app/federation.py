@@ -30,9 +30,9 @@ from dept.data.sources import run_sources
 from dept.model.variants import variant
 from dept.paths import resolve_path
 from dept.state.lock import exclusive_folder
-from dept.train.budget import Device, check_server_fits
+from dept.train.budget import Device, check_server_fits, shared_vocab_size
 from dept.train.local import max_span_update
-from dept.train.sharing import initial_tensors, shared_vocab_size
+from dept.train.sharing import initial_tensors
 from dept_strategy.identity import load_source_keys
 from dept_strategy.outer import OuterOptimizer
 from dept_strategy.privacy import CentralPrivacy

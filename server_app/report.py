@@ -37,6 +37,7 @@ from dept.model.families import position_count
 from dept.model.variants import variant
 from dept.state.files import save_tensors
 from dept.state.jsonl import append_line
+from dept.state.strict_json import dumps, finite
 from dept.wire import keys
 from dept_strategy.history import RunHistory, source_row
 from server_app.diagnostics import (
@@ -165,7 +166,7 @@ class RunReport:
             )
         log.info("outputs written to %s", self.out_dir)
         self.trackers.close()
-        return _finite(summary)
+        return finite(summary)
 
     def _write_csv(self, history: RunHistory) -> None:
         """The ``sources`` of every ``metrics.jsonl`` line, a row each; an empty cell where
@@ -175,7 +176,7 @@ class RunReport:
             writer.writerow(["round", "source", *source_row({}, {})])
             for server_round in sorted(history.rounds):
                 for source, m in history.round_json(server_round)["sources"].items():
-                    cells = ("" if v is None else v for v in _finite(list(m.values())))
+                    cells = ("" if v is None else v for v in finite(list(m.values())))
                     writer.writerow([server_round, source, *cells])
 
     def _plot(self, history: RunHistory) -> None:
@@ -204,21 +205,6 @@ class RunReport:
             ylabel="validation bits per byte",
             title=f"DEPT {self.cfg.variant}, model {self.cfg.model}",
         )
-
-
-def dumps(obj: Any, indent: int | None = None) -> str:
-    """Strict JSON: a missing or non-finite number is written as null, never as NaN."""
-    return json.dumps(_finite(obj), indent=indent, allow_nan=False)
-
-
-def _finite(obj: Any) -> Any:
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return None
-    if isinstance(obj, dict):
-        return {k: _finite(v) for k, v in obj.items()}
-    if isinstance(obj, list | tuple):
-        return [_finite(v) for v in obj]
-    return obj
 
 
 def archive_previous_run(out_dir: Path) -> Path | None:
@@ -268,8 +254,8 @@ def build_summary(history: RunHistory, cfg: DeptConfig, wall_s: float) -> dict[s
     paired = {
         name: s
         for name, s in sources.items()
-        if _finite(s["val_bpb"]) is not None
-        and _finite(s["initial_val_bpb"]) is not None
+        if finite(s["val_bpb"]) is not None
+        and finite(s["initial_val_bpb"]) is not None
         and s["evaluated_round"]
     }
     return {

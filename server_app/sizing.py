@@ -18,11 +18,16 @@ import os
 from dataclasses import dataclass
 
 from dept.config import ConfigError, DeptConfig
-from dept.data.sources import SourceSpec
-from dept.train.budget import Device, check_server_fits, check_source_fits, gb, server_need
+from dept.data.sources import SourceSpec, check_nproc
+from dept.train.budget import (
+    Device,
+    check_server_fits,
+    check_source_fits,
+    gb,
+    server_need,
+    shared_vocab_size,
+)
 from dept.train.devices import resolve_device
-from dept.train.distributed import check_nproc
-from dept.train.sharing import shared_vocab_size
 
 RAY_GPU_UNITS = 10_000  # Ray counts GPU fractions in steps of 1e-4
 

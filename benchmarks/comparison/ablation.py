@@ -37,10 +37,10 @@ from typing import Any
 from dept.config import DeptConfig, load_config, to_run_config
 from dept.data.sources import run_sources
 from dept.paths import resolve_path
+from dept.state.strict_json import dumps
 from dept_cli import compare
 from dept_cli.compare_plan import Plan, base_config, make_plans, prepare, rounds_for
 from dept_cli.comparison_report import STD_METHODS, average_bpb
-from server_app.report import dumps
 
 
 @dataclass(frozen=True)

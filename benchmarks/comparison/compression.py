@@ -34,9 +34,9 @@ from dept.cli_help import add_run_config_option
 from dept.config import ConfigError, DeptConfig, load_config, to_run_config
 from dept.data.sources import SourceSpec, check_source_paths, load_sources, write_sources
 from dept.paths import resolve_path
+from dept.state.strict_json import dumps
 from dept.wire.compression import TOPK_DENSITY
 from dept_cli.in_process import federate_in_process
-from server_app.report import dumps
 
 log = logging.getLogger("compression")
 SETTINGS = {  # label: (compression, error feedback, topk density)

@@ -37,10 +37,10 @@ from typing import Any
 from dept.config import load_config, to_run_config
 from dept.paths import resolve_path
 from dept.state.jsonl import read_lines
+from dept.state.strict_json import dumps
 from dept_cli import compare
 from dept_cli.compare_plan import Plan, base_config, make_plans, prepare
 from dept_cli.comparison_report import average_bpb
-from server_app.report import dumps
 
 SHARED = ("glob", "trim")  # the methods whose φ rows travel
 REFERENCES = ("std-0.3", "spec")

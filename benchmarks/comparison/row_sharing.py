@@ -27,9 +27,9 @@ import numpy as np
 from dept.config import load_config
 from dept.data.sources import run_sources
 from dept.paths import resolve_path
+from dept.state.strict_json import dumps
 from dept.state.workspace import cache_dir
 from dept.train.prepare import prepare_source
-from server_app.report import dumps
 
 REFERENCE = "std-0"
 

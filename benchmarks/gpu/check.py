@@ -48,7 +48,7 @@ import torch
 import transformers
 
 from benchmarks.measure import PROJECT, print_table, result_header
-from server_app.report import dumps
+from dept.state.strict_json import dumps
 
 STOP_GRACE_S = 35.0  # dept run stops every process of its run within 30 s of SIGTERM
 MIN_CAP_S = 15.0  # a step with less time than this left is skipped

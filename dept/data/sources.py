@@ -364,3 +364,13 @@ def check_mds_text(spec: SourceSpec) -> None:
             mds.check_text_column(folder, spec.text_column)
         except mds.MdsError as exc:
             raise ConfigError(f"source {spec.name!r}: {exc}") from None
+
+
+def check_nproc(cfg: DeptConfig, spec: SourceSpec) -> None:
+    """Each of ``nproc`` processes takes an equal share of every micro-batch's rows."""
+    if cfg.batch_size % spec.nproc:
+        raise ConfigError(
+            f"source {spec.name!r} key 'nproc' ({spec.nproc}): config key 'batch-size' "
+            f"({cfg.batch_size}) must be a multiple of it (each process takes batch-size / "
+            "nproc rows of every micro-batch)"
+        )

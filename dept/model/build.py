@@ -13,6 +13,7 @@ from torch import nn
 from transformers import PreTrainedModel
 from transformers.initialization import no_init_weights
 
+from dept.model.attention import register_causal_sdpa
 from dept.model.families import INIT_STD, Family, build_config, model_choice
 from dept.model.roles import body_parameters, position_parameters
 
@@ -36,7 +37,10 @@ def build_model(
     another on CUDA (a client's are all replaced by the server's θ and its own φ_k).
     ``initialise=False`` draws nothing and leaves the parameters as allocated, for a model
     whose every parameter is loaded next (drawing a large body costs seconds of a core)."""
-    config = build_config(name, vocab_size, max_seq_len, tie_embeddings)
+    # flash attention where it can (dept.model.attention)
+    config = build_config(
+        name, vocab_size, max_seq_len, tie_embeddings, attention=register_causal_sdpa()
+    )
     family = model_choice(name).family
     where = torch.device(device) if device is not None else torch.get_default_device()
     forked = [where] if where.type == "cuda" else []  # the generator drawn from, left as it was

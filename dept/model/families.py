@@ -16,19 +16,14 @@ import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from transformers import (
-    GPT2Config,
-    GPT2LMHeadModel,
-    LlamaConfig,
-    LlamaForCausalLM,
-    PretrainedConfig,
-    PreTrainedModel,
-)
+import transformers
 
-from dept.model.attention import register_causal_sdpa
 from dept.paths import resolve_path
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig, PreTrainedModel
 
 INIT_STD = 0.02
 DEFAULT_FAMILY = "llama"  # what a bare size (``tiny``) means
@@ -94,12 +89,16 @@ def _gpt2(size: Size) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class Family:
-    """One decoder architecture: its HF classes, its presets and where ψ lives."""
+    """One decoder architecture: its HF classes, its presets and where ψ lives.
+
+    The classes are named, and imported from transformers when first used: a model class
+    pulls in most of torch and transformers (seconds), which ``dept run``'s checks of a
+    ``model`` value, made before anything starts, never need."""
 
     name: str
     model_type: str  # the HF config's ``model_type``: how a config.json names the family
-    config_class: type[PretrainedConfig]
-    model_class: type[PreTrainedModel]
+    config_class_name: str
+    model_class_name: str
     size_settings: Callable[[Size], dict[str, Any]]  # HF config kwargs of a preset
     max_positions_key: str  # the HF config key of the context length
     positions: str | None = None  # the module holding ψ (learned positions); None: RoPE
@@ -109,6 +108,14 @@ class Family:
     fixed: Mapping[str, Any] = field(default_factory=dict)  # kwargs of every model of it
     sizes: Mapping[str, Size] = field(default_factory=lambda: SIZES)
 
+    @property
+    def config_class(self) -> type[PretrainedConfig]:
+        return getattr(transformers, self.config_class_name)
+
+    @property
+    def model_class(self) -> type[PreTrainedModel]:
+        return getattr(transformers, self.model_class_name)
+
 
 FAMILIES: dict[str, Family] = {
     f.name: f
@@ -116,8 +123,8 @@ FAMILIES: dict[str, Family] = {
         Family(
             "llama",
             "llama",
-            LlamaConfig,
-            LlamaForCausalLM,
+            "LlamaConfig",
+            "LlamaForCausalLM",
             _llama,
             "max_position_embeddings",
             fixed={"attention_dropout": 0.0},  # as GPT-2's, below
@@ -125,8 +132,8 @@ FAMILIES: dict[str, Family] = {
         Family(
             "gpt2",
             "gpt2",
-            GPT2Config,
-            GPT2LMHeadModel,
+            "GPT2Config",
+            "GPT2LMHeadModel",
             _gpt2,
             "n_positions",
             positions="transformer.wpe",
@@ -192,9 +199,13 @@ def _from_config_file(name: str) -> ModelChoice:
     return ModelChoice(family, kept, from_file=True)
 
 
-def build_config(name: str, vocab_size: int, max_seq_len: int, tie: bool) -> PretrainedConfig:
+def build_config(
+    name: str, vocab_size: int, max_seq_len: int, tie: bool, *, attention: str | None = None
+) -> PretrainedConfig:
     """The HF config of ``name`` for a vocabulary and a context (``ValueError`` if the
-    config file's context is shorter than ``max_seq_len``)."""
+    config file's context is shorter than ``max_seq_len``). ``attention`` is the
+    ``attn_implementation`` a model is built with (:mod:`dept.model.build` gives
+    :mod:`dept.model.attention`'s); a config that is only checked or measured needs none."""
     choice = model_choice(name)
     family = choice.family
     settings: dict[str, Any] = {
@@ -206,8 +217,9 @@ def build_config(name: str, vocab_size: int, max_seq_len: int, tie: bool) -> Pre
         "pad_token_id": None,
         "bos_token_id": None,
         "eos_token_id": None,
-        "attn_implementation": register_causal_sdpa(),  # flash where it can (attention.py)
     }
+    if attention is not None:
+        settings["attn_implementation"] = attention
     if not choice.from_file:
         settings[family.max_positions_key] = max_seq_len
     config = family.config_class(**settings)

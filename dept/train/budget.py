@@ -195,3 +195,8 @@ def check_server_fits(cfg: DeptConfig, shared_vocab: int, memory: float) -> None
 
 def gb(n: float) -> str:
     return f"{n / 1e9:,.1f} GB"
+
+
+def shared_vocab_size(cfg: DeptConfig) -> int:
+    """Rows of the global φ the server holds and shares (GLOB, TRIM); 0 for none."""
+    return cfg.global_vocab_size if variant(cfg.variant).shares_embeddings else 0

@@ -43,7 +43,7 @@ from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, P
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
 from dept.config import ConfigError, DeptConfig, to_run_config
-from dept.data.sources import SourceSpec
+from dept.data.sources import SourceSpec, check_nproc
 from dept.state.files import save_tensors
 from dept.state.workspace import Attempt, Workspace
 from dept.train.local import RoundResult, TrainStats
@@ -107,16 +107,6 @@ class RankResult(NamedTuple):
     stats: TrainStats
     state_event: str
     metrics: dict[str, float]
-
-
-def check_nproc(cfg: DeptConfig, spec: SourceSpec) -> None:
-    """Each of ``nproc`` processes takes an equal share of every micro-batch's rows."""
-    if cfg.batch_size % spec.nproc:
-        raise ConfigError(
-            f"source {spec.name!r} key 'nproc' ({spec.nproc}): config key 'batch-size' "
-            f"({cfg.batch_size}) must be a multiple of it (each process takes batch-size / "
-            "nproc rows of every micro-batch)"
-        )
 
 
 def first_gpu(spec: SourceSpec, device: torch.device) -> int | None:

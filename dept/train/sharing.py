@@ -23,6 +23,7 @@ from dept.model.roles import (
     position_state,
 )
 from dept.model.variants import Variant, variant
+from dept.train.budget import shared_vocab_size
 
 INITIAL_BODY_VOCAB = 512  # the body does not depend on it; any size builds the same θ
 
@@ -44,11 +45,6 @@ def own_parameters(model: PreTrainedModel, v: Variant) -> dict[str, nn.Parameter
     if not v.shares_positions:
         own |= position_parameters(model)
     return own
-
-
-def shared_vocab_size(cfg: DeptConfig) -> int:
-    """Rows of the global φ the server holds and shares (GLOB, TRIM); 0 for none."""
-    return cfg.global_vocab_size if variant(cfg.variant).shares_embeddings else 0
 
 
 def initial_tensors(cfg: DeptConfig) -> tuple[dict[str, torch.Tensor], tuple[str, ...]]:

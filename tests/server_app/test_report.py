@@ -15,13 +15,14 @@ from flwr.common.constant import ErrorCode
 from client_app.app import app as client_app
 from dept.config import load_config
 from dept.state.jsonl import read_lines
+from dept.state.strict_json import dumps
 from dept.train import source_client
 from dept.wire import keys
 from dept_strategy.history import RunHistory, source_row
 from server_app.diagnostics import plot_diagnostics
 from server_app.federation import run_federation
 from server_app.local_grid import LocalGrid
-from server_app.report import RunReport, build_summary, dumps, render_table
+from server_app.report import RunReport, build_summary, render_table
 from tests.conftest import ProjectLog
 from tests.dept_strategy.mock_replies import mock_strategy, train_reply
 from tests.helpers import debug_run_config, synthetic_sources

@@ -17,13 +17,13 @@ from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
 from client_app.node import served_sources
 from dept.config import ConfigError, load_config
-from dept.data.sources import SourceSpec, load_sources
+from dept.data.sources import SourceSpec, check_nproc, load_sources
 from dept.model.build import build_model
 from dept.model.roles import body_state
 from dept.state.workspace import Workspace
 from dept.train import distributed
 from dept.train.budget import Device, check_client_fits
-from dept.train.distributed import RankFailed, check_nproc, failure_cause
+from dept.train.distributed import RankFailed, failure_cause
 from dept.train.local import RoundResult
 from dept.train.source_client import SourceClient
 from tests.helpers import debug_run_config, share_cache
