@@ -33,13 +33,19 @@ LOOPBACK = (
 )
 COMPOSE = "tests/deploy/test_compose.py::test_the_compose_federation_builds_runs_and_recovers"
 SUPEREXEC = "tests/dept_cli/test_superexec.py::test_the_help_example_runs_flowers_executor_with_the_fork_launcher_first_on_path"
+USER_FOLDER = (
+    "tests/dept_cli/test_user_folder_examples.py::test_the_examples_on_a_users_files_run_as_printed"
+)
 SOURCE_FORMS = (
     "tests/dept/data/test_source_forms.py::test_the_docs_example_makes_and_prepares_every_form"
 )
 
 # Why an example is not run by a test in CI, by kind.
 LONG = "not in CI: a full measurement, longer than CI's 25 minutes (its --quick form is tested)"
-USER_DATA = "not in CI: names the user's own files (a sources file, tasks, a model folder)"
+BUDGET = (
+    "not in CI: trains at the command's default budget (compare: 550,000 tokens of model tiny "
+    "a run; cpt: 500,000 a body, then its CPT steps), minutes to hours on 2 cores"
+)
 MACHINES = (
     "not in CI: a second machine, root, systemd or a public name; loopback.sh is the same on one"
 )
@@ -58,19 +64,19 @@ RUN_BY: dict[str, str] = {
     "dept export outputs/dept --source synth-greek --out models/synth-greek": QUICKSTART,
     "dept run --help": "tests/dept_cli/test_main.py::test_a_subcommands_help_shows_an_example",
     "dept compare --sources-file benchmarks/corpora.yaml --model tiny": LONG,
-    "dept compare --sources-file my-sources.yaml --methods std-0.3,spec-opt --lrs 0.004 --jobs 4": USER_DATA,
-    'dept compare --sources-file my-sources.yaml --budget bytes -c "keep-inner-optimizer=false"': USER_DATA,
+    "dept compare --sources-file my-sources.yaml --methods std-0.3,spec-opt --lrs 0.004 --jobs 4": BUDGET,
+    'dept compare --sources-file my-sources.yaml --budget bytes -c "keep-inner-optimizer=false"': BUDGET,
     "dept cpt --sources-file benchmarks/corpora.yaml --held-out en-shakespeare": LONG,
-    "dept cpt --sources-file my-sources.yaml --held-out de-novels --variant spec --cpt-steps 400": USER_DATA,
+    "dept cpt --sources-file my-sources.yaml --held-out de-novels --variant spec --cpt-steps 400": BUDGET,
     "dept eval outputs/dept": QUICKSTART,
-    "dept eval outputs/dept --source de-novels --tasks my_task --include-path my-tasks/": USER_DATA,
+    "dept eval outputs/dept --source de-novels --tasks my_task --include-path my-tasks/": USER_FOLDER,
     "dept eval outputs/dept --global": BACKGROUND,
-    "dept eval outputs/compare/runs/std-0.3-lr0.004": USER_DATA,
-    "dept export outputs/dept --source de-novels --out models/de-novels": USER_DATA,
+    "dept eval outputs/compare/runs/std-0.3-lr0.004": USER_FOLDER,
+    "dept export outputs/dept --source de-novels --out models/de-novels": USER_FOLDER,
     "dept export outputs/dept --global --out models/global": BACKGROUND,
-    "dept finetune outputs/dept --task tasks/sst2": USER_DATA,
-    "dept finetune outputs/glob --global --task tasks/stsb --epochs 5": USER_DATA,
-    "dept finetune outputs/compare/runs/std-0.3-lr0.004 --task tasks/sst2": USER_DATA,
+    "dept finetune outputs/dept --task tasks/sst2": USER_FOLDER,
+    "dept finetune outputs/glob --global --task tasks/stsb --epochs 5": USER_FOLDER,
+    "dept finetune outputs/compare/runs/std-0.3-lr0.004 --task tasks/sst2": USER_FOLDER,
     "dept gateway-auth --database ~/dept-state/superlink.db": GATEWAY_AUTH,
     "dept gateway-auth --database=/app/state/superlink.db --listen=0.0.0.0:9301": GATEWAY_AUTH,
     "dept models --seq-len 2048 --vocab-size 50368": MODELS,
@@ -110,7 +116,7 @@ RUN_BY: dict[str, str] = {
     "PYTHON_BASE=localhost/dept-python-base:bookworm SMOKE_OUT=smoke-out docker/smoke.sh": f"{COMPOSE} (its SMOKE_OUT the test's own)",
     # docs/evaluation.md
     'pip install -e ".[eval]"': "run by CI itself: the test extra installs the eval extra",
-    "dept finetune outputs/dept --task tasks/sst2 --task tasks/stsb --seeds 3 --epochs 3": USER_DATA,
+    "dept finetune outputs/dept --task tasks/sst2 --task tasks/stsb --seeds 3 --epochs 3": USER_FOLDER,
     # docs/findings.md
     "python -m benchmarks.overhead.client_overhead": LONG,
     "python -m benchmarks.overhead.round_overhead": LONG,
