@@ -22,7 +22,7 @@ SOURCES = ("synth-latin", "synth-greek")
 # Measured on debug runs: 0.00-0.06% (lm-eval also predicts the stream's first token, which
 # the run does not, and cuts the text at a character, the run at a token).
 SAME_BPB = 0.005
-CLOZE = """task: tiny_cloze
+CLOZE = """task: {name}
 dataset_path: json
 dataset_kwargs:
   data_files:
@@ -95,16 +95,16 @@ def _streams(report: dict) -> dict[tuple[str, str], tuple[float, float]]:
     }
 
 
-def _cloze(folder: Path) -> Path:
-    """A user's multiple-choice task on local data: its YAML's folder."""
+def cloze_task(folder: Path, name: str = "tiny_cloze") -> Path:
+    """A user's multiple-choice lm-eval task ``name`` on local data: its YAML's folder."""
     rows = [
         {"context": "lorem ipsum", "choices": [" dolor", " xyz"], "answer": 0},
         {"context": "α β", "choices": [" γ", " δ", " ε"], "answer": 1},
     ]
     folder.mkdir()
-    data = folder / "cloze.jsonl"
+    data = folder / f"{name}.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    (folder / "cloze.yaml").write_text(CLOZE.format(data=data))
+    (folder / f"{name}.yaml").write_text(CLOZE.format(name=name, data=data))
     return folder
 
 
@@ -130,7 +130,7 @@ def test_lm_eval_scores_every_methods_models_as_their_runs_did(
     monkeypatch.setattr(devices, "idle_cores", lambda: 1)
     runs = _compare(tmp_path, node_cache)
     run = {m: next(runs.glob(f"{m}-lr*")) for m in ("std-0", "glob", "trim", "spec-opt")}
-    tasks = _cloze(tmp_path / "tasks")
+    tasks = cloze_task(tmp_path / "tasks")
 
     # Execute
     reports = {m: _report(run[m]) for m in ("std-0", "trim")}

@@ -19,26 +19,12 @@ from client_app.app import app as client_app
 from dept_cli import compare
 from server_app.federation import run_federation
 from server_app.local_grid import LocalGrid
+from tests.dept_cli.test_evaluate import cloze_task
 from tests.helpers import debug_run_config, share_cache, with_venv_on_path
 
 SOURCES = """\
 - {name: de-novels, path: 'builtin:synthetic-latin', vocab-size: 400}
 - {name: ru-chekhov, path: 'builtin:synthetic-cyrillic', vocab-size: 400}
-"""
-MY_TASK = """task: my_task
-dataset_path: json
-dataset_kwargs:
-  data_files:
-    test: {data}
-test_split: test
-output_type: multiple_choice
-doc_to_text: "{{{{context}}}}"
-doc_to_choice: "{{{{choices}}}}"
-doc_to_target: "{{{{answer}}}}"
-metric_list:
-  - metric: acc
-    aggregation: mean
-    higher_is_better: true
 """
 COMPARED_RUN = "outputs/compare/runs/std-0.3-lr0.004"
 
@@ -88,18 +74,6 @@ def _glue_tasks(user: Path) -> None:
             (folder / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in part))
 
 
-def _my_task(user: Path) -> None:
-    rows = [
-        {"context": "lorem ipsum", "choices": [" dolor", " xyz"], "answer": 0},
-        {"context": "lorem", "choices": [" qqq", " ipsum"], "answer": 1},
-    ]
-    folder = user / "my-tasks"
-    folder.mkdir()
-    data = folder / "my_task.jsonl"
-    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    (folder / "my_task.yaml").write_text(MY_TASK.format(data=data))
-
-
 @pytest.fixture(scope="module")
 def user(tmp_path_factory: pytest.TempPathFactory, node_cache: Path) -> tuple[Path, dict[str, str]]:
     """The user's folder, and the environment their shell has (this venv's ``dept`` on
@@ -111,7 +85,7 @@ def user(tmp_path_factory: pytest.TempPathFactory, node_cache: Path) -> tuple[Pa
     with pytest.MonkeyPatch.context() as monkeypatch:
         _a_comparisons_std_run(folder, node_cache, monkeypatch)
     _glue_tasks(folder)
-    _my_task(folder)
+    cloze_task(folder / "my-tasks", "my_task")
     return folder, with_venv_on_path()
 
 
