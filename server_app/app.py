@@ -11,7 +11,6 @@ from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
 from dept.logs import route_to
-from server_app.federation import run_federation
 from server_app.run_status import RunFailed, TracebackFilter, debugging, one_line
 
 log = logging.getLogger(__name__)
@@ -23,6 +22,11 @@ def main(grid: Grid, context: Context) -> None:
     route_to("flwr")
     logging.getLogger("flwr").addFilter(TracebackFilter())
     try:
+        # Imported here, not with this module: Flower's simulation imports the ServerApp,
+        # then loads the ClientApp and starts Ray in the same process, and the federation's
+        # imports (torch, Transformers: seconds of CPU) held both back; Ray starts beside them.
+        from server_app.federation import run_federation
+
         run_federation(grid, context.run_config)
     except Exception as exc:
         notes = "; ".join(getattr(exc, "__notes__", []))
