@@ -18,6 +18,7 @@ import argparse
 import functools
 import json
 import os
+import re
 import shutil
 import signal
 import statistics
@@ -37,6 +38,9 @@ from benchmarks.measure import (
 )
 
 BUSY = [sys.executable, "-c", "while True: pass"]
+# The server's line for round 0 (the models evaluated before training): the first a user
+# sees of the federation working, its elapsed time counted from the command.
+ROUND_0 = re.compile(r"round 0/\d+ done: .*; (\d+) s elapsed")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -73,6 +77,14 @@ def rounds(metrics: Path) -> list[dict[str, Any]]:
     return rows
 
 
+def first_round_line_s(run_log: Path) -> int:
+    """Seconds from the command to the round 0 line, as that line says."""
+    found = ROUND_0.search(run_log.read_text(errors="replace"))
+    if found is None:
+        raise RuntimeError(f"{run_log} has no round 0 line")
+    return int(found.group(1))
+
+
 def one_run(busy: int, args: argparse.Namespace, repeat: int) -> dict[str, Any]:
     """``dept run`` on a fresh state folder beside ``busy`` spinning processes."""
     work = (args.work / f"busy-{busy}-{repeat}").resolve()
@@ -100,6 +112,7 @@ def one_run(busy: int, args: argparse.Namespace, repeat: int) -> dict[str, Any]:
     return {
         "busy": busy,
         "wall_s": round(wall, 1),
+        "round0_line_s": first_round_line_s(work / "run" / "run.log"),
         "launch": launch,
         "rounds": per_round,
         **{f"round{r['round']}_s": round(r["wall_s"], 1) for r in per_round},
@@ -135,11 +148,20 @@ def main(argv: list[str] | None = None) -> int:
     rows = interleave(arms, args.repeats)
     table = print_table(
         f"dept run quickstart on {os.cpu_count()} cores, fresh state",
-        ["busy", "wall s", "round 1 s", "round 1 tok/s", "last round tok/s", "launch line"],
+        [
+            "busy",
+            "wall s",
+            "round 0 line s",
+            "round 1 s",
+            "round 1 tok/s",
+            "last round tok/s",
+            "launch line",
+        ],
         [
             (
                 r["busy"],
                 r["wall_s"],
+                r["round0_line_s"],
                 r["rounds"][0]["wall_s"],
                 r["rounds"][0]["tokens_per_s"],
                 r["rounds"][-1]["tokens_per_s"],
