@@ -48,9 +48,10 @@ PARTITION_S = 70.0  # Flower 1.42 drops a node after 2 missed heartbeats of 30 s
 POLL_S = 0.5
 GRACE_S = 20.0  # a SIGTERMed process's time to exit cleanly at the end
 RESUMED = re.compile(r"resuming run \S+ after round (\d+)")
-# Flower's executor, not dept superexec: with it, one CI soak stalled a round to its
-# round-timeout-s on a node one reply behind that a nudge did not release (stop 59's note)
-NODE_EXECUTOR = ("flower-superexec",)
+# The nodes' executor, as docs/deployment.md starts it (ClientApps forked warm). A node one
+# reply behind whose first nudge is answered before its training is nudged again
+# (server_app.nudges): one CI soak stalled a round without that (stop 59).
+NODE_EXECUTOR = ("dept", "superexec")
 DISK_SIZE = "64m"  # each small disk: a node's state, the server's output
 FILLER = ".filler"  # what fills one (benchmarks.soak.faults.fill)
 

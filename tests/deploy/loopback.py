@@ -160,6 +160,9 @@ class Loopback:
             "OMP_NUM_THREADS": "1",  # several trainers share the CI machine's two cores
             "PYTHONUNBUFFERED": "1",
             "TMPDIR": str(self.root / "tmp"),  # what the processes leave there is the test's
+            # torch's compile cache, which importing Transformers' model code creates (under
+            # TMPDIR unless this is set, as it is in any process that imported it already)
+            "TORCHINDUCTOR_CACHE_DIR": str(self.root / "torch-cache"),
             # the executors start flwr-serverapp and flwr-clientapp by name: this venv's,
             # also when the venv is not activated (``.venv/bin/python -m benchmarks...``)
             "PATH": os.pathsep.join([str(BIN), os.environ.get("PATH", "")]),
