@@ -93,7 +93,7 @@ RUN_BY: dict[str, str] = {
     'pip install -e ".[test]" && pytest': "run by CI itself: .ci/run ends with it",
     # docs/deployment.md
     "bash docker/loopback.sh loopback-run": f"{LOOPBACK} (its folder the test's own)",
-    "dept certs ~/dept-certs --name superlink.example.org --name localhost --name 127.0.0.1 --supernodes de-novels": MACHINES,
+    "dept certs ~/dept-certs --name superlink.example.org --name localhost --name 127.0.0.1 --supernodes de-novels": CERTS,
     "flower-superlink --isolation process --enable-supernode-auth --ssl-ca-certfile ~/dept-certs/ca.crt --ssl-certfile ~/dept-certs/server.pem --ssl-keyfile ~/dept-certs/server.key --host 127.0.0.1 --port 8000 --superexec-auth-secret-file ~/dept-certs/superexec.secret --database ~/dept-state/superlink.db --disable-runtime-dependency-installation &": MACHINES,
     "DEPT_HOME=~/dept-runs flower-superexec --root-certificates ~/dept-certs/ca.crt --runtime-api-address 127.0.0.1:8000 --superexec-auth-secret-file ~/dept-certs/superexec.secret &": MACHINES,
     "dept gateway-auth --database ~/dept-state/superlink.db --listen 127.0.0.1:9301 &": GATEWAY_AUTH,
@@ -101,7 +101,7 @@ RUN_BY: dict[str, str] = {
     "envsubst '${GATEWAY_LISTEN} ${GATEWAY_CERT} ${GATEWAY_KEY} ${SUPERLINK_UPSTREAM} ${SUPERLINK_CA} ${SUPERLINK_TLS_NAME} ${GATEWAY_AUTH}' < docker/gateway.conf.template > /etc/nginx/conf.d/dept-gateway.conf": f"{GATEWAY_RECIPE} (its output file the test's own)",
     "nginx -t && systemctl reload nginx": MACHINES,
     "flwr supernode register ~/dept-certs/supernodes/de-novels.pub server": MACHINES,
-    '(umask 077; python -c "import secrets; print(secrets.token_hex(32))" > superexec.secret)': MACHINES,
+    '(umask 077; python -c "import secrets; print(secrets.token_hex(32))" > superexec.secret)': f"{SUPEREXEC} (the secret its example reads)",
     "flower-supernode --isolation process --superlink superlink.example.org:8443 --root-certificates ca.crt --auth-supernode-private-key de-novels --port 9094 --superexec-auth-secret-file superexec.secret --node-config \"source='de-novels' path='/data/de-novels' vocab-size=4096 state-dir='/var/lib/dept'\" &": MACHINES,
     "dept superexec --insecure --runtime-api-address 127.0.0.1:9094 --superexec-auth-secret-file superexec.secret &": f"{SUPEREXEC} (the help's example, the same line)",
     "flwr run . server --stream --run-config \"model='small' num-server-rounds=50 min-available-nodes=1 output-dir='runs/remote-1'\"": MACHINES,

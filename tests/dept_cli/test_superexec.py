@@ -4,6 +4,7 @@ a ClientApp whose launcher is killed dies with it, and the executor's folders go
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import signal
 import subprocess
@@ -19,9 +20,13 @@ from client_app.fork_server import FOLDER_VARIABLE, SOCKET, START_LOCK
 from dept_cli.superexec import clear_dead, fork_folder, launcher_folder
 from server_app.flower_commands import command_folder, with_commands
 from server_app.local_runtime import free_port
-from tests.command_examples import help_examples
+from tests.command_examples import doc_examples, help_examples
 
 SUPEREXEC = "dept_cli.superexec"
+# docs/deployment.md's node machine makes the executor's secret so
+SECRET_LINE = (
+    '(umask 077; python -c "import secrets; print(secrets.token_hex(32))" > superexec.secret)'
+)
 WAIT_S = 30.0
 
 
@@ -60,9 +65,14 @@ def test_the_help_example_runs_flowers_executor_with_the_fork_launcher_first_on_
     tmp_path: Path,
 ) -> None:
     (example,) = [c for c, where in help_examples().items() if where.startswith(SUPEREXEC)]
-    (tmp_path / "superexec.secret").write_text("0" * 64)  # as the docs make it, beside
     env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache"), "TMPDIR": str(tmp_path)}
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env["PATH"]])
+    # the secret beside it, made by the docs' own line
+    assert SECRET_LINE in doc_examples()
+    subprocess.run(["bash", "-c", SECRET_LINE], env=env, cwd=tmp_path, check=True, timeout=60)
+    secret = tmp_path / "superexec.secret"
+    assert secret.stat().st_mode & 0o777 == 0o600, "only its owner reads it"
+    assert re.fullmatch(r"[0-9a-f]{64}\n", secret.read_text())
     executor = subprocess.Popen(  # as printed: nobody on 9094, so it waits for its SuperNode
         shlex.split(example),
         env=env,
