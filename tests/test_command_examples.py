@@ -36,6 +36,9 @@ SUPEREXEC = "tests/dept_cli/test_superexec.py::test_the_help_example_runs_flower
 USER_FOLDER = (
     "tests/dept_cli/test_user_folder_examples.py::test_the_examples_on_a_users_files_run_as_printed"
 )
+PLAIN_FLWR = (
+    "tests/server_app/test_plain_flwr_run.py::test_the_docs_plain_flwr_run_trains_every_round"
+)
 SOURCE_FORMS = (
     "tests/dept/data/test_source_forms.py::test_the_docs_example_makes_and_prepares_every_form"
 )
@@ -142,11 +145,8 @@ RUN_BY: dict[str, str] = {
     "python -m benchmarks.soak.fault_soak --work /tmp/soak --rounds 60 --faults 100": LONG,
     # docs/running.md
     "dept run -c \"variant='spec' model='debug'\" -c \"num-server-rounds=2 output-dir='outputs/spec'\"": f"{SAME_PATH}: {CTRL_C}",
-    "export FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1": "not in CI: an environment setting, for the next line",
-    "flwr run . --stream --run-config \"variant='spec-opt' num-server-rounds=3 local-steps=30 model='debug' output-dir='$PWD/outputs/flwr'\"": (
-        "not in CI: plain flwr run starts a SuperLink on fixed ports (39091) and leaves it "
-        f"running; dept run's own flwr run is {QUICKSTART}"
-    ),
+    "export FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1": f"{PLAIN_FLWR} (with the next line)",
+    "flwr run . --stream --run-config \"variant='spec-opt' num-server-rounds=3 local-steps=30 model='debug' output-dir='$PWD/outputs/flwr'\"": PLAIN_FLWR,
     # docs/sources.md
     "python - <<'PY'": SOURCE_FORMS,
     "cat > my-sources.yaml <<'YAML'": SOURCE_FORMS,
