@@ -40,6 +40,7 @@ from benchmarks.measure import (
 BUSY = [sys.executable, "-c", "while True: pass"]
 # The server's line for round 0 (the models evaluated before training): the first a user
 # sees of the federation working, its elapsed time counted from the command.
+LAUNCH_LINE = re.compile(r"^(\d\d:\d\d:\d\d )?dept run: ")  # the stamp, if any, and the name
 ROUND_0 = re.compile(r"round 0/\d+ done: .*; (\d+) s elapsed")
 
 
@@ -165,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
                 r["rounds"][0]["wall_s"],
                 r["rounds"][0]["tokens_per_s"],
                 r["rounds"][-1]["tokens_per_s"],
-                r["launch"].split("; ")[0].removeprefix("dept run: "),
+                LAUNCH_LINE.sub("", r["launch"].split("; ")[0]),
             )
             for r in rows
         ],
