@@ -3,14 +3,14 @@
 # authentication, one SuperNode (and its executor) per source, a federation run through them,
 # and a new source joining while it runs. The processes and flags are the compose files'.
 #
-#   bash docker/loopback.sh [FOLDER]     # from the checkout, with the project installed
+#   bash docker/loopback.sh [FOLDER]     # with the project installed, from any folder
 #
 # Everything goes to FOLDER (default: loopback-run): certificates, logs, node state, the run's
 # outputs (run/). Ports are free ones found at the start. Every process started here is
 # stopped on exit, Ctrl-C included (each runs in a session of its own, with what it starts).
 set -euo pipefail
 
-app=$(pwd)
+app=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)  # the checkout this script is in
 work=$(realpath -m "${1:-loopback-run}")
 mkdir -p "$work/logs" "$work/state"
 export FLWR_HOME="$work/flwr-home"           # this federation's own connection profile
@@ -104,7 +104,16 @@ num-server-rounds=4 min-available-nodes=2 wait-for-nodes-s=120.0 round-timeout-s
 output-dir='$work/run'" > "$work/logs/run.log" 2>&1 &
 run=$!
 echo "loopback: SuperLink on $link; the run streams to $work/logs/run.log"
-wait_for 600 "round 1 of the run" grep -q "round 1/4 done" "$work/logs/run.log"
+round_1_done() {  # the run's round 1 line; the run's own last lines if it ended first
+  grep -q "round 1/4 done" "$work/logs/run.log" && return 0
+  if ! kill -0 "$run" 2> /dev/null; then
+    echo "loopback: the run ended before its round 1; the end of $work/logs/run.log:" >&3
+    tail -n 15 "$work/logs/run.log" >&3
+    exit 1
+  fi
+  return 1
+}
+wait_for 600 "round 1 of the run" round_1_done 3>&2
 echo "loopback: round 1 done; cyrillic joins"
 node cyrillic
 wait "$run"
