@@ -88,7 +88,7 @@ RUN_BY: dict[str, str] = {
     "dept prepare -c \"sources-file='my-sources.yaml' variant='spec-opt'\" --source de-novels": PREPARE,
     "dept prepare --node-config \"source='de' path='/data/de' state-dir='/state'\"": PREPARE,
     "dept run -c \"model='debug' num-server-rounds=2 output-dir='runs/debug'\"": CTRL_C,
-    "dept run -c \"model='gpt2:tiny' variant='glob' compression='int8'\" -c \"seed=1\" --no-stream": BACKGROUND,
+    "dept run -c \"model='gpt2:tiny' variant='glob' compression='int8'\" -c \"seed=1\" --no-stream": f"{SAME_PATH}: {BACKGROUND}",
     "dept run --resume runs/debug": CTRL_C,
     "dept superexec --insecure --runtime-api-address 127.0.0.1:9094 --superexec-auth-secret-file superexec.secret": SUPEREXEC,
     # README.md
