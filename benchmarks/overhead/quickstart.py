@@ -38,9 +38,9 @@ from benchmarks.measure import (
 )
 
 BUSY = [sys.executable, "-c", "while True: pass"]
+LAUNCH_LINE = re.compile(r"^(\d\d:\d\d:\d\d )?dept run: ")  # the stamp, if any, and the name
 # The server's line for round 0 (the models evaluated before training): the first a user
 # sees of the federation working, its elapsed time counted from the command.
-LAUNCH_LINE = re.compile(r"^(\d\d:\d\d:\d\d )?dept run: ")  # the stamp, if any, and the name
 ROUND_0 = re.compile(r"round 0/\d+ done: .*; (\d+) s elapsed")
 
 
