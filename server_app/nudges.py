@@ -11,10 +11,14 @@ Any message to such a node makes it send what it holds, so a node that stays sil
 after the others answered is *nudged* with a query (cheap: it only names the node's
 sources). A node whose reply came only after a nudge is behind; from then on it is nudged
 right after each message, so its real reply goes out at once. Discovery marks nodes behind
-the same way (:attr:`dept_strategy.discovery.SourceDirectory.behind`). A node still silent
-is nudged again each ``after_s``: a nudge whose own quick reply overtook the message's
-(a ClientApp forked warm answers a query in a fraction of a second, a training takes
-longer) released nothing, and the next nudge sends the reply that was still held.
+the same way (:attr:`dept_strategy.discovery.SourceDirectory.behind`).
+
+A nudge whose own quick reply overtook the message's (a ClientApp forked warm answers a
+query in a fraction of a second, a training takes longer) released nothing: the training's
+reply is held until the next nudge. So a node known behind is nudged again while it stays
+silent, first after :data:`BEHIND_FIRST_S` and then after twice as long each time, up to
+``after_s``: its reply waits at most about as long as its training took, for a handful of
+queries a round. Any other silent node is nudged again each ``after_s``.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from dept_strategy.queries import discovery_queries
 log = logging.getLogger(__name__)
 NUDGE_AFTER_S = 60.0  # the least silence before a node is nudged
 SLOWER_THAN_LAST = 2.0  # ... and it must be this many times the wait for the last reply
+BEHIND_FIRST_S = 1.0  # a node known behind is nudged again this soon, then ever later
 
 
 class NodesBehind:
@@ -38,11 +43,12 @@ class NodesBehind:
         """``behind``: shared with discovery, so a node either finds behind is nudged."""
         self.run_id, self.behind, self.after_s = run_id, behind, after_s
         self.nudged: dict[int, float] = {}  # node -> when it was last nudged, this exchange
+        self.times: dict[int, int] = {}  # node -> how often it was nudged, this exchange
         self.started = self.last_reply = time.monotonic()
 
     def pushed(self, grid: Grid, nodes: set[int]) -> None:
         """An exchange began with messages to ``nodes``: those behind are nudged now."""
-        self.nudged, self.started = {}, time.monotonic()
+        self.nudged, self.times, self.started = {}, {}, time.monotonic()
         self.last_reply = self.started
         self._nudge(grid, nodes & self.behind)
 
@@ -60,25 +66,34 @@ class NodesBehind:
     def waiting(self, grid: Grid, silent: set[int], any_reply: bool) -> None:
         """Nudge the ``silent`` nodes once the wait is long enough (at least ``after_s`` and
         twice the wait for the last reply if any came, else twice ``after_s``), and again
-        each ``after_s`` while they stay silent."""
+        each ``after_s`` while they stay silent; nodes known behind sooner (module doc)."""
         now = time.monotonic()
         waited = now - self.started
+        due = {
+            n for n in silent & self.behind if now - self.nudged.get(n, -1e9) >= self._again_s(n)
+        }
         if any_reply:
             needed = max(self.after_s, SLOWER_THAN_LAST * (self.last_reply - self.started))
         else:
             needed = SLOWER_THAN_LAST * self.after_s
-        if waited < needed:
-            return
-        again = {n for n, at in self.nudged.items() if now - at < self.after_s}
-        if due := silent - again:
+        if waited >= needed:
+            due |= {n for n in silent if now - self.nudged.get(n, -1e9) >= self.after_s}
+        if due - self.behind:
             log.info("nudging silent node(s) %s after %.0f s", sorted(due), waited)
-            self._nudge(grid, due)
+        if due & self.behind:
+            log.debug("nudging node(s) known behind %s again after %.0f s", sorted(due), waited)
+        self._nudge(grid, due)
+
+    def _again_s(self, node: int) -> float:
+        """How long a node known behind stays silent after its last nudge before the next."""
+        return min(self.after_s, BEHIND_FIRST_S * 2 ** (self.times.get(node, 1) - 1))
 
     def _nudge(self, grid: Grid, nodes: set[int]) -> None:
         if not nodes:
             return
         nudges = discovery_queries(sorted(nodes), self.run_id)
         self.nudged |= dict.fromkeys(nodes, time.monotonic())
+        self.times |= {n: self.times.get(n, 0) + 1 for n in nodes}
         try:  # their replies are never pulled: they expire in the SuperLink
             grid.push_messages(nudges)
         except Exception as exc:  # a nudge only speeds a reply up: it must not end a round
