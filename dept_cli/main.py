@@ -50,7 +50,7 @@ COMMANDS: dict[str, Command] = {
 }
 EXAMPLES = """examples:
   dept run                                  # the default federation, offline
-  dept run -c "variant='spec' model='debug'"
+  dept run -c "variant='spec' model='debug'" -c "num-server-rounds=2 output-dir='outputs/spec'"
   dept models
   dept prepare --node-config "source='de' path='/data/de'"   # tokenize before the run
   dept export outputs/dept --source synth-greek --out models/synth-greek

@@ -84,9 +84,9 @@ exit codes: 0 finished; 1 the run failed; 2 bad config, sources or folder;
 130 (SIGINT) or 143 (SIGTERM) stopped."""
 EXAMPLES = """\
 examples:
-  dept run -c "model='debug' num-server-rounds=2 output-dir='runs/debug'"
+  dept run -c "variant='spec' model='debug'" -c "num-server-rounds=2 output-dir='outputs/spec'"
   dept run -c "model='gpt2:tiny' variant='glob' compression='int8'" -c "seed=1" --no-stream
-  dept run --resume runs/debug                  # after Ctrl-C: the same run goes on"""
+  dept run --resume outputs/spec                # after Ctrl-C: the same run goes on"""
 
 
 def project_dir() -> Path:

@@ -61,7 +61,6 @@ RUN_BY: dict[str, str] = {
     "dept certs ~/dept-certs --name superlink.example.org --supernodes de-novels,ru-chekhov": CERTS,
     "dept certs docker/certs --name superlink --name gateway --name 127.0.0.1 --supernodes node-1": CERTS,
     "dept run": QUICKSTART,
-    "dept run -c \"variant='spec' model='debug'\"": f"{SAME_PATH}: {CTRL_C}",
     "dept models": MODELS,
     "dept prepare --node-config \"source='de' path='/data/de'\"": PREPARE,
     "dept export outputs/dept --source synth-greek --out models/synth-greek": QUICKSTART,
@@ -87,9 +86,8 @@ RUN_BY: dict[str, str] = {
     "dept prepare": PREPARE,
     "dept prepare -c \"sources-file='my-sources.yaml' variant='spec-opt'\" --source de-novels": PREPARE,
     "dept prepare --node-config \"source='de' path='/data/de' state-dir='/state'\"": PREPARE,
-    "dept run -c \"model='debug' num-server-rounds=2 output-dir='runs/debug'\"": CTRL_C,
     "dept run -c \"model='gpt2:tiny' variant='glob' compression='int8'\" -c \"seed=1\" --no-stream": f"{SAME_PATH}: {BACKGROUND}",
-    "dept run --resume runs/debug": CTRL_C,
+    "dept run --resume outputs/spec": CTRL_C,
     "dept superexec --insecure --runtime-api-address 127.0.0.1:9094 --superexec-auth-secret-file superexec.secret": SUPEREXEC,
     # README.md
     "pip install -e . && dept run": QUICKSTART,
@@ -144,7 +142,7 @@ RUN_BY: dict[str, str] = {
     ),
     "python -m benchmarks.soak.fault_soak --work /tmp/soak --rounds 60 --faults 100": LONG,
     # docs/running.md
-    "dept run -c \"variant='spec' model='debug'\" -c \"num-server-rounds=2 output-dir='outputs/spec'\"": f"{SAME_PATH}: {CTRL_C}",
+    "dept run -c \"variant='spec' model='debug'\" -c \"num-server-rounds=2 output-dir='outputs/spec'\"": CTRL_C,
     "export FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1": f"{PLAIN_FLWR} (with the next line)",
     "flwr run . --stream --run-config \"variant='spec-opt' num-server-rounds=3 local-steps=30 model='debug' output-dir='$PWD/outputs/flwr'\"": PLAIN_FLWR,
     # docs/sources.md

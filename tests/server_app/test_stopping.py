@@ -131,11 +131,11 @@ def test_ctrl_c_mid_round_stops_the_run_and_resume_finishes_it(tmp_path: Path, r
     """``dept run --help``'s first and last examples as printed: Ctrl-C after round 1, then
     ``--resume``. SIGTERM stops a run the same way: the background test below."""
     first, _, resume = LAUNCH_EXAMPLE_COMMANDS
-    out = tmp_path / "runs" / "debug"
+    out = tmp_path / "outputs" / "spec"
     runs.append(out)
     started = _printed(first, tmp_path, "first.log")
     _when_checkpointed(out, 1, started)
-    _stop(started, out, signal.SIGINT, after_round=1, shown="runs/debug")
+    _stop(started, out, signal.SIGINT, after_round=1, shown="outputs/spec")
     assert started.text().strip().endswith(f"with: {resume}"), "the help's resume, as printed"
 
     resumed = _printed(resume, tmp_path, "resumed.log")
