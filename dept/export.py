@@ -42,8 +42,8 @@ from dept.model.roles import (
 )
 from dept.model.variants import VARIANTS, variant
 from dept.paths import default_state_root, resolve_path
-from dept.state.files import new_file_mode
-from dept.state.workspace import Workspace, global_tokenizer, replace_dir
+from dept.state.files import new_file_mode, replace_dir
+from dept.state.workspace import Workspace, global_tokenizer
 from dept.train.source_client import SourceClient
 
 RUN_CONFIG_FILE = "dept-run-config.json"  # in a model folder: the run config it trained with

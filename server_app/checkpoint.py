@@ -29,9 +29,8 @@ from safetensors.torch import load_file
 
 from dept.config import ConfigError, DeptConfig, to_run_config
 from dept.model.families import model_choice
-from dept.state.files import file_sha256, save_tensors
+from dept.state.files import file_sha256, replace_dir, save_tensors
 from dept.state.strict_json import dumps
-from dept.state.workspace import replace_dir
 
 log = logging.getLogger(__name__)
 CHECKPOINTS = "checkpoints"

@@ -25,6 +25,8 @@ OUTLIER_ACTIONS: tuple[OutlierAction, ...] = get_args(OutlierAction)
 SERVER_MEMORIES: tuple[ServerMemory, ...] = get_args(ServerMemory)
 DEVICE_PATTERN = re.compile(r"auto|cpu|mps|cuda(:[0-9]+)?")  # dept.train.devices resolves it
 MAX_VOCAB_SIZE = 1 << 20  # larger vocabularies are not trained here (a typo, not a plan)
+# The smallest byte-level BPE vocabulary (dept.data.vocab): 256 bytes, end-of-text, one merge
+MIN_VOCAB_SIZE = 256 + 1 + 1
 T = TypeVar("T")
 
 

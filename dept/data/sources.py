@@ -38,6 +38,7 @@ import yaml
 
 from dept.config import (
     MAX_VOCAB_SIZE,
+    MIN_VOCAB_SIZE,
     ConfigError,
     DeptConfig,
     YamlLoader,
@@ -46,7 +47,6 @@ from dept.config import (
 )
 from dept.data import mds
 from dept.data.text_checks import decode_error_text, file_problem, one_line
-from dept.data.vocab import MIN_VOCAB_SIZE
 from dept.paths import resolve_path
 
 HF_PREFIX = "hf:"

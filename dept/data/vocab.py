@@ -17,11 +17,12 @@ from filelock import FileLock
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
+from dept.config import MIN_VOCAB_SIZE
+
 EOS_TOKEN = "<|endoftext|>"
 SPECIAL_TOKENS = (EOS_TOKEN,)
 TOKENIZER_FILE = "tokenizer.json"
 DIGEST_FILE = "tokenizer.sha256"  # beside a cached tokenizer: the digest of the one trained
-MIN_VOCAB_SIZE = 256 + len(SPECIAL_TOKENS) + 1
 VOCAB_CHUNK = 1 << 22  # token ids counted at a time when finding V_k
 
 

@@ -87,6 +87,24 @@ def _gpt2(size: Size) -> dict[str, Any]:
     return {"n_embd": size.hidden_size, "n_layer": size.num_layers, "n_head": size.num_heads}
 
 
+def _llama_body(size: Size) -> int:
+    """θ of a Llama preset: q, k, v and o projections (k and v narrower with fewer KV
+    heads), the SwiGLU's three matrices and two RMSNorm scales a layer, and the final norm;
+    no biases."""
+    c, kv = size.hidden_size, (size.num_kv_heads or size.num_heads)
+    kv_width = kv * (c // size.num_heads)
+    layer = 2 * c * c + 2 * c * kv_width + 3 * c * size.intermediate_size + 2 * c
+    return size.num_layers * layer + c
+
+
+def _gpt2_body(size: Size) -> int:
+    """θ of a GPT-2 preset: a layer's fused qkv (3C) and output projection, its 4C MLP, all
+    with biases, and two LayerNorms (scale and bias); then the final LayerNorm."""
+    c = size.hidden_size
+    layer = (3 * c * c + 3 * c) + (c * c + c) + (8 * c * c + 5 * c) + 4 * c
+    return size.num_layers * layer + 2 * c
+
+
 @dataclass(frozen=True)
 class Family:
     """One decoder architecture: its HF classes, its presets and where ψ lives.
@@ -100,6 +118,9 @@ class Family:
     config_class_name: str
     model_class_name: str
     size_settings: Callable[[Size], dict[str, Any]]  # HF config kwargs of a preset
+    # θ's parameter count of a preset, without building it (dept run sizes a run before
+    # it starts; a model class costs seconds to import). A test holds it to the built one.
+    body_size: Callable[[Size], int]
     max_positions_key: str  # the HF config key of the context length
     positions: str | None = None  # the module holding ψ (learned positions); None: RoPE
     # Matrices writing into the residual stream, drawn with std / sqrt(2 x layers). Llama
@@ -126,6 +147,7 @@ FAMILIES: dict[str, Family] = {
             "LlamaConfig",
             "LlamaForCausalLM",
             _llama,
+            _llama_body,
             "max_position_embeddings",
             fixed={"attention_dropout": 0.0},  # as GPT-2's, below
         ),
@@ -135,6 +157,7 @@ FAMILIES: dict[str, Family] = {
             "GPT2Config",
             "GPT2LMHeadModel",
             _gpt2,
+            _gpt2_body,
             "n_positions",
             positions="transformer.wpe",
             residual_projections=("attn.c_proj.weight", "mlp.c_proj.weight"),
@@ -154,6 +177,7 @@ class ModelChoice:
     family: Family
     settings: Mapping[str, Any]  # HF config kwargs, before vocabulary, context and tying
     from_file: bool  # a config.json keeps its own context length; a preset takes seq-len
+    size: Size | None = None  # a preset's
 
 
 @functools.cache
@@ -163,7 +187,8 @@ def model_choice(name: str) -> ModelChoice:
     family_name, _, size = name.rpartition(":")
     family = FAMILIES.get(family_name or DEFAULT_FAMILY)
     if family is not None and size in family.sizes:
-        return ModelChoice(family, family.size_settings(family.sizes[size]), from_file=False)
+        preset = family.sizes[size]
+        return ModelChoice(family, family.size_settings(preset), from_file=False, size=preset)
     if name.endswith(".json") or "/" in name or _resolve(name).exists():
         return _from_config_file(name)
     if family is None:

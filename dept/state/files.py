@@ -5,12 +5,14 @@ place, so a ``.safetensors`` file came out owner-only while the JSON and CSV bes
 follow the umask (0644 under the usual 022). :func:`save_tensors` gives it the mode a new
 file gets in its folder, so a run's outputs (or a node's state) are all alike and the umask
 still decides. Secrets are another matter: :mod:`dept.certificates` writes them 0600.
+:func:`replace_dir` puts a finished folder where the old one was, never leaving none.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import stat
 import threading
 from pathlib import Path
@@ -44,3 +46,14 @@ def file_sha256(path: Path) -> str:
     """The SHA-256 of ``path``'s bytes, read in chunks by hashlib (a file may be GBs)."""
     with path.open("rb") as handle:
         return hashlib.file_digest(handle, "sha256").hexdigest()
+
+
+def replace_dir(tmp: Path, final: Path) -> None:
+    """Put the finished folder ``tmp`` at ``final``; at every instant one complete version
+    exists (the old one is renamed aside before the new one is renamed in)."""
+    old = final.with_name(f".old-{final.name}")
+    shutil.rmtree(old, ignore_errors=True)
+    if final.exists():
+        final.replace(old)
+    tmp.replace(final)
+    shutil.rmtree(old, ignore_errors=True)

@@ -59,7 +59,7 @@ from dept.data.token_stream import StreamPosition
 from dept.data.vocab import ensure_tokenizer
 from dept.model.families import INIT_STD
 from dept.model.variants import variant
-from dept.state.files import file_sha256, save_tensors
+from dept.state.files import file_sha256, replace_dir, save_tensors
 from dept.state.write_behind import WriteBehind
 
 EMBEDDINGS_FILE = "embeddings.safetensors"
@@ -291,17 +291,6 @@ class SourceState:
     # values each fragment started from, at these versions
     body: dict[str, torch.Tensor] = field(default_factory=dict)
     body_versions: tuple[int, ...] = ()
-
-
-def replace_dir(tmp: Path, final: Path) -> None:
-    """Put the finished folder ``tmp`` at ``final``; at every instant one complete version
-    exists (the old one is renamed aside before the new one is renamed in)."""
-    old = final.with_name(f".old-{final.name}")
-    shutil.rmtree(old, ignore_errors=True)
-    if final.exists():
-        final.replace(old)
-    tmp.replace(final)
-    shutil.rmtree(old, ignore_errors=True)
 
 
 def _atomic(path: Path, write: Any) -> None:

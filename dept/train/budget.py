@@ -22,9 +22,8 @@ from dataclasses import dataclass
 
 import torch
 
-from dept.config import ConfigError, DeptConfig, snake
+from dept.config import MIN_VOCAB_SIZE, ConfigError, DeptConfig, snake
 from dept.data.sources import SourceSpec
-from dept.data.vocab import MIN_VOCAB_SIZE
 from dept.model.outer_optimizers import OUTER_OPTIMIZERS
 from dept.model.variants import variant
 
@@ -58,7 +57,13 @@ class Device:
 
 @functools.cache
 def body_params(model: str) -> int:
-    """θ's size for ``model``, counted on a model built on the meta device (no memory)."""
+    """θ's size for ``model``: a preset's from its family's formula, a config file's counted
+    on a model built on the meta device (no memory)."""
+    from dept.model.families import model_choice
+
+    choice = model_choice(model)
+    if choice.size is not None:
+        return choice.family.body_size(choice.size)
     from dept.model.build import build_model
     from dept.model.roles import body_parameters
 

@@ -4,10 +4,12 @@ import numpy as np
 import pytest
 
 import dept.data.vocab
+from dept.config import MIN_VOCAB_SIZE
 from dept.data.token_ids import check_token_ids
 from dept.data.token_stream import TokenizedSource
 from dept.data.vocab import (
     EOS_TOKEN,
+    SPECIAL_TOKENS,
     VocabMap,
     ensure_tokenizer,
     load_tokenizer,
@@ -107,3 +109,7 @@ def test_token_ids_are_checked_by_the_recorded_range_not_by_reading_the_stream()
     past = TokenizedSource(stream, np.array([1, 100, 2]), {"train": (0, 9), "validation": (1, 100)})
     with pytest.raises(ValueError, match="token id 100 in its validation tokens"):
         check_token_ids("s", past, 100, Path("tok.json"))
+
+
+def test_the_smallest_vocabulary_is_the_bytes_the_special_tokens_and_one_merge() -> None:
+    assert 256 + len(SPECIAL_TOKENS) + 1 == MIN_VOCAB_SIZE

@@ -4,12 +4,14 @@ before any work with the key named."""
 from pathlib import Path
 
 import pytest
+import torch
 from transformers import GPT2Config
 
 from dept.config import ConfigError, load_config
 from dept.data.sources import parse_source, run_sources
 from dept.model.build import build_model
-from dept.model.roles import body_state
+from dept.model.families import FAMILIES
+from dept.model.roles import body_parameters, body_state
 from dept.train.budget import Device, body_params, check_client_fits, check_server_fits
 from server_app import sizing
 from tests.helpers import debug_run_config
@@ -21,6 +23,22 @@ def test_body_params_count_the_real_body() -> None:
     assert body_params("tiny") == sum(
         t.numel() for t in body_state(build_model("tiny", 300, 8)).values()
     )
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_each_presets_formula_counts_the_body_it_builds(family: str) -> None:
+    for size in FAMILIES[family].sizes:
+        with torch.device("meta"):
+            built = build_model(f"{family}:{size}", 300, 8)
+        counted = sum(p.numel() for p in body_parameters(built).values())
+        assert body_params(f"{family}:{size}") == counted, size
+
+
+def test_a_config_files_body_is_counted_on_the_model_it_builds(tmp_path: Path) -> None:
+    config = tmp_path / "config.json"
+    config.write_text('{"model_type": "gpt2", "n_embd": 48, "n_layer": 3, "n_head": 4}')
+    built = build_model(str(config), 300, 8)
+    assert body_params(str(config)) == sum(t.numel() for t in body_state(built).values())
 
 
 def test_a_vocabulary_too_large_for_the_machine_names_its_key(tmp_path: Path) -> None:
