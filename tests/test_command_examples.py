@@ -130,7 +130,7 @@ RUN_BY: dict[str, str] = {
     "python -m benchmarks.overhead.data_scaling": LONG,
     "python -m benchmarks.comparison.time_budget": LONG,
     # docs/outputs.md
-    'dept run -c "tensorboard=true"': f"{SAME_PATH}: {QUICKSTART}",
+    'dept run -c "tensorboard=true"': f"{BACKGROUND} (stopped after round 1, as the test does)",
     "tensorboard --logdir outputs/dept/tensorboard": "not in CI: a viewer that serves until stopped",
     "dept run -c \"wandb-project='dept'\"": "not in CI: W&B online needs an account and the internet",
     "WANDB_MODE=offline dept run -c \"wandb-project='dept'\"": f"{SAME_PATH}: {QUICKSTART}",

@@ -2,8 +2,9 @@
 run and leave it resumable, in the foreground as in the background (``nohup dept run ... &``,
 no terminal), while another run, on its own SuperLink, goes on to the end; ``--resume``
 finishes a stopped one, each round once. The stopped and resumed run is ``dept run
---help``'s first and last examples, as printed, in a folder of the user's; the GLOB run that
-finishes beside the background one is then exported and scored by the docs' examples."""
+--help``'s first and last examples, as printed, in a folder of the user's; the background one
+is docs/outputs.md's TensorBoard example; the GLOB run that finishes beside it is then
+exported and scored by the docs' examples."""
 
 from __future__ import annotations
 
@@ -156,18 +157,22 @@ def test_sigterm_stops_a_run_in_the_background_while_another_finishes_on_its_own
     tmp_path: Path, runs: list
 ) -> None:
     # Prepare: what `nohup dept run ... &` in a script gives: SIGINT and SIGHUP ignored,
-    # input from /dev/null, no controlling terminal, the log in a file; beside it, at the
-    # same time, a run in the foreground
-    out, log = tmp_path / "bg", tmp_path / "nohup.out"
+    # input from /dev/null, no controlling terminal, the log in a file; the run is
+    # docs/outputs.md's TensorBoard example as printed, in a folder of the user's. Beside
+    # it, at the same time, a run in the foreground.
+    user, log = tmp_path / "bg-user", tmp_path / "nohup.out"
+    out = user / "outputs" / "dept"
     other = tmp_path / "outputs" / "dept"  # where the docs' GLOB examples below read
     runs += [out, other]
+    user.mkdir()
+    (example,) = [c for c in all_examples() if c.startswith('dept run -c "tensorboard=true"')]
     foreground = _launch(
         _command(other, "-c", "variant='glob'"), PROJECT, tmp_path / "foreground.log"
     )
     with log.open("w") as output:
         shell = subprocess.Popen(
-            ["bash", "-c", 'nohup "$@" & wait $!', "bash", *_command(out)],
-            cwd=PROJECT,
+            ["bash", "-c", f"nohup {example} & wait $!"],
+            cwd=user,
             env=_env(tmp_path),
             stdin=subprocess.DEVNULL,
             stdout=output,
@@ -182,8 +187,10 @@ def test_sigterm_stops_a_run_in_the_background_while_another_finishes_on_its_own
     # Assert
     assert shell.wait(timeout=STOP_WITHIN_S + 10) == 128 + signal.SIGTERM, log.read_text()
     last = log.read_text().strip().splitlines()[-1]
-    assert last == _stopped_line(out, signal.SIGTERM, after_round=1), log.read_text()[-3000:]
+    shown = "outputs/dept"
+    assert last == _stopped_line(shown, signal.SIGTERM, after_round=1), log.read_text()[-3000:]
     assert list(_their_flower_home(out)) == [], "a process of the stopped run is alive"
+    assert list((out / "tensorboard").glob("events.out.tfevents.*")), "the example's events"
     summary = _finished(foreground, other)
     assert summary["rounds"] == ROUNDS, "the other run went on"
     assert summary["avg_val_bpb"] < summary["initial_avg_val_bpb"]
