@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import shutil
 import subprocess
 import sys
 from collections.abc import Callable, Iterator, Mapping
@@ -172,3 +173,25 @@ def small_disk(folder: Path, size: str = "64m") -> Iterator[Path]:
         yield folder
     finally:
         faults.unmount(folder)
+
+
+# A network namespace's loopback is down when it is made: up, by the SIOCGIFFLAGS and
+# SIOCSIFFLAGS ioctls (no `ip` command needed).
+LOOPBACK_UP = (
+    "import fcntl, socket, struct; s = socket.socket(); "
+    "flags = struct.unpack('16sH', fcntl.ioctl(s, 0x8913, struct.pack('16sH', b'lo', 0)))[1]; "
+    "fcntl.ioctl(s, 0x8914, struct.pack('16sH', b'lo', flags | 1))"
+)
+# Commands that listen on fixed ports (Flower's 39091, TensorBoard's 6006) run as printed in
+# a network namespace of their own: on a shared machine those ports may be anyone's.
+needs_own_network = pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("unshare") is None,
+    reason="needs root's unshare: a network namespace of its own for a fixed port",
+)
+
+
+def in_own_network(*lines: str) -> list[str]:
+    """The command running the shell ``lines`` (``bash -eu``) in a network namespace of
+    their own, its loopback up (:data:`needs_own_network`)."""
+    script = "\n".join([f'"{sys.executable}" -c "{LOOPBACK_UP}"', *lines])
+    return ["unshare", "--net", "--fork", "bash", "-euc", script]

@@ -131,7 +131,9 @@ RUN_BY: dict[str, str] = {
     "python -m benchmarks.comparison.time_budget": LONG,
     # docs/outputs.md
     'dept run -c "tensorboard=true"': f"{BACKGROUND} (stopped after round 1, as the test does)",
-    "tensorboard --logdir outputs/dept/tensorboard": "not in CI: a viewer that serves until stopped",
+    "tensorboard --logdir outputs/dept/tensorboard": (
+        "tests/server_app/test_tracking.py::test_the_docs_viewer_line_serves_a_runs_scalars"
+    ),
     "dept run -c \"wandb-project='dept'\"": "not in CI: W&B online needs an account and the internet",
     "WANDB_MODE=offline dept run -c \"wandb-project='dept'\"": f"{SAME_PATH}: {QUICKSTART}",
     "dept run --resume outputs/dept": f"{SAME_PATH}: {CTRL_C}",

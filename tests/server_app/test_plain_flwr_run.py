@@ -10,11 +10,8 @@ running is stopped after."""
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import psutil
@@ -23,15 +20,9 @@ import pytest
 from server_app.app_bundle import staged_app
 from server_app.local_runtime import processes_with
 from tests.command_examples import doc_examples
-from tests.helpers import with_venv_on_path
+from tests.helpers import in_own_network, needs_own_network, with_venv_on_path
 
 PROJECT = Path(__file__).resolve().parents[2]
-# the namespace's loopback, down when it is made: up, by the SIOCGIFFLAGS/SIOCSIFFLAGS ioctls
-LOOPBACK_UP = (
-    "import fcntl, socket, struct; s = socket.socket(); "
-    "flags = struct.unpack('16sH', fcntl.ioctl(s, 0x8913, struct.pack('16sH', b'lo', 0)))[1]; "
-    "fcntl.ioctl(s, 0x8914, struct.pack('16sH', b'lo', flags | 1))"
-)
 
 
 def _the_docs_lines() -> list[str]:
@@ -42,22 +33,18 @@ def _the_docs_lines() -> list[str]:
 
 
 @pytest.mark.slow  # a simulated federation through Flower's own command (about a minute)
-@pytest.mark.skipif(
-    os.geteuid() != 0 or shutil.which("unshare") is None,
-    reason="needs root's unshare: a network namespace of its own for Flower's fixed ports",
-)
+@needs_own_network
 def test_the_docs_plain_flwr_run_trains_every_round(tmp_path: Path) -> None:
     # Prepare: the app's files as a user's checkout holds them, and a home of its own
     app = staged_app(PROJECT, tmp_path / "app")
     home = tmp_path / "home"
     home.mkdir()
     env = {k: v for k, v in with_venv_on_path(HOME=str(home)).items() if not k.startswith("FLWR_")}
-    script = "\n".join([f'"{sys.executable}" -c "{LOOPBACK_UP}"', *_the_docs_lines()])
 
     # Execute
     try:
         done = subprocess.run(
-            ["unshare", "--net", "--fork", "bash", "-euc", script],
+            in_own_network(*_the_docs_lines()),
             cwd=app,
             env=env,
             capture_output=True,

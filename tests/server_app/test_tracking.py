@@ -20,7 +20,14 @@ from dept.train.local import lr_at
 from dept_cli.in_process import federate_in_process
 from server_app import tracking
 from server_app.report import RunReport
-from tests.helpers import debug_run_config, synthetic_sources
+from tests.command_examples import all_examples
+from tests.helpers import (
+    debug_run_config,
+    in_own_network,
+    needs_own_network,
+    synthetic_sources,
+    with_venv_on_path,
+)
 
 Scalars = dict[str, dict[int, float]]  # tag -> round -> value
 
@@ -230,3 +237,39 @@ def test_a_tracker_that_cannot_open_closes_those_opened(
         tracking.Trackers(cfg, tmp_path, "run1", resumed_after=-1)
 
     assert closed == [True], "TensorBoard, opened first, closed as failed"
+
+
+# What the viewer serves a browser: the tags of each run it found under --logdir.
+FETCH_TAGS = """python - <<'PY'
+import time, urllib.request
+for _ in range(300):
+    try:
+        url = 'http://localhost:6006/data/plugin/scalars/tags'
+        print(urllib.request.urlopen(url).read().decode())
+        break
+    except OSError:
+        time.sleep(0.2)
+PY"""
+
+
+@needs_own_network  # the viewer listens on its fixed port 6006
+def test_the_docs_viewer_line_serves_a_runs_scalars(tmp_path: Path) -> None:
+    # Prepare: event files where a run of docs/outputs.md's example writes them
+    board = tracking.TensorBoard(tmp_path / "outputs" / "dept" / tracking.TENSORBOARD_DIR, -1)
+    board.log({"round/avg_val_bpb": 2.0, "val_bpb/synth-latin": 2.3}, step=0)
+    board.log({"round/avg_val_bpb": 1.5}, step=1)
+    board.close(failed=False)
+    (viewer,) = [c for c in all_examples() if c.startswith("tensorboard --logdir")]
+    # Execute: the line as printed, until it serves
+    done = subprocess.run(
+        in_own_network(f"{viewer} &", FETCH_TAGS, "kill %1"),
+        cwd=tmp_path,
+        env=with_venv_on_path(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    # Assert
+    assert done.returncode == 0, done.stderr[-3000:]
+    tags = json.loads(done.stdout.strip().splitlines()[-1])
+    assert set(tags["."]) == {"round/avg_val_bpb", "val_bpb/synth-latin"}, tags
