@@ -39,6 +39,7 @@ USER_FOLDER = (
 PLAIN_FLWR = (
     "tests/server_app/test_plain_flwr_run.py::test_the_docs_plain_flwr_run_trains_every_round"
 )
+KILLED_WORKER = "tests/server_app/test_flwr_runtime.py::test_a_killed_simulation_worker_stops_the_run_with_its_line_and_resume"
 SOURCE_FORMS = (
     "tests/dept/data/test_source_forms.py::test_the_docs_example_makes_and_prepares_every_form"
 )
@@ -135,8 +136,8 @@ RUN_BY: dict[str, str] = {
         "tests/server_app/test_tracking.py::test_the_docs_viewer_line_serves_a_runs_scalars"
     ),
     "dept run -c \"wandb-project='dept'\"": "not in CI: W&B online needs an account and the internet",
-    "WANDB_MODE=offline dept run -c \"wandb-project='dept'\"": f"{SAME_PATH}: {QUICKSTART}",
-    "dept run --resume outputs/dept": f"{SAME_PATH}: {CTRL_C}",
+    "WANDB_MODE=offline dept run -c \"wandb-project='dept'\"": KILLED_WORKER,
+    "dept run --resume outputs/dept": KILLED_WORKER,
     # docs/robustness.md
     "python -m benchmarks.soak.fault_soak --work /tmp/soak --rounds 8 --faults 10": (
         "tests/benchmarks/test_fault_soak.py::test_a_short_soak_of_ten_faults_loses_nothing"
