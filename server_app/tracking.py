@@ -21,7 +21,7 @@ import math
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 from dept.config import DeptConfig, to_run_config
 from dept.train.local import lr_at
@@ -56,18 +56,33 @@ class TensorBoard:
 
 
 class WandbRun:
-    """One W&B run per DEPT run, its id and name the run id, its config the run config."""
+    """One W&B run per DEPT run, its id and name the run id, its config the run config.
 
-    def __init__(self, project: str, run_id: str, out_dir: Path, cfg: DeptConfig) -> None:
+    W&B takes its mode from the environment of each start, so a run begun with
+    ``WANDB_MODE=offline`` and resumed as printed (``dept run --resume``) would go online,
+    and stop without a login. A resumed run whose earlier attempts were all offline stays
+    offline unless ``WANDB_MODE`` says otherwise."""
+
+    def __init__(
+        self, project: str, run_id: str, out_dir: Path, cfg: DeptConfig, resumed: bool
+    ) -> None:
         import wandb
 
+        folder = Path(os.environ.get("WANDB_DIR") or out_dir)  # read now, not at wandb's setup
+        mode: Literal["offline"] | None = None
+        if resumed and "WANDB_MODE" not in os.environ and _offline_so_far(folder, run_id):
+            log.info(
+                "W&B run %s was offline so far: resumed offline (WANDB_MODE changes it)", run_id
+            )
+            mode = "offline"
         self.run = wandb.init(
             project=project,
             id=run_id,
             name=run_id,
             resume="allow",
             config=to_run_config(cfg),
-            dir=os.environ.get("WANDB_DIR") or str(out_dir),  # read now, not at wandb's setup
+            dir=str(folder),
+            mode=mode,
         )
 
     def log(self, scalars: Mapping[str, float], step: int) -> None:
@@ -92,7 +107,8 @@ class Trackers:
             if cfg.tensorboard:
                 self.open.append(TensorBoard(out_dir / TENSORBOARD_DIR, resumed_after))
             if cfg.wandb_project:
-                self.open.append(WandbRun(cfg.wandb_project, run_id, out_dir, cfg))
+                resumed = resumed_after >= 0
+                self.open.append(WandbRun(cfg.wandb_project, run_id, out_dir, cfg, resumed))
         except BaseException:
             self.close(failed=True)
             raise
@@ -109,6 +125,13 @@ class Trackers:
         """Flush and close each tracker once (``failed``: the run stopped with an error)."""
         while self.open:
             self.open.pop().close(failed)
+
+
+def _offline_so_far(folder: Path, run_id: str) -> bool:
+    """Whether W&B's folder holds offline attempts of ``run_id`` and no online one (W&B
+    names them ``offline-run-<time>-<id>`` and ``run-<time>-<id>``)."""
+    attempts = [p.name for p in (folder / "wandb").glob(f"*run-*-{run_id}")]
+    return bool(attempts) and all(name.startswith("offline-run-") for name in attempts)
 
 
 def round_scalars(line: Mapping[str, Any], cfg: DeptConfig) -> dict[str, float]:

@@ -126,10 +126,9 @@ def test_a_killed_simulation_worker_stops_the_run_with_its_line_and_resume(
     status = json.loads((out / "run-status.json").read_text())
     assert status["state"] == "failed" and "simulation worker died" in status["error"]
 
-    # W&B's mode is the environment's, not the run's: resumed offline, as docs/outputs.md says
-    offline = {**env, "WANDB_MODE": "offline"}
+    # as printed, without WANDB_MODE: offline still, as the run began (docs/outputs.md)
     resumed = subprocess.run(
-        ["bash", "-c", resume], cwd=tmp_path, env=offline, capture_output=True, text=True
+        ["bash", "-c", resume], cwd=tmp_path, env=env, capture_output=True, text=True
     )
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
     summary = json.loads((out / "summary.json").read_text())

@@ -174,6 +174,9 @@ def test_a_resumed_run_goes_on_in_the_same_folder_and_w_and_b_run(
     with pytest.raises(CheckpointCrash):
         federate_in_process(run_config)
     monkeypatch.setattr(server_app.federation, "save_checkpoint", save)
+    # resumed as printed (dept run --resume), without WANDB_MODE: offline still, as it began
+    monkeypatch.delenv("WANDB_MODE")
+    wandb.teardown()  # W&B reads its environment once per process
     # W&B names an offline run's folder by the second it started and the run id: an attempt
     # resumed within the same second (only a test is that quick) would share the first's.
     time.sleep(1.01 - time.time() % 1)
