@@ -14,7 +14,7 @@ left behind: no process, held lock, socket or temporary folder. ::
     python -m benchmarks.soak.fault_soak --rounds 60 --faults 100        # the long soak
     python -m benchmarks.soak.fault_soak --rounds 8 --faults 10          # the short one
 
-Results: ``fault_soak.json`` and ``faults.csv`` in ``--out``, and a table on stdout.
+Results: ``fault_soak.json`` and ``inject.csv`` in ``--out``, and a table on stdout.
 """
 
 from __future__ import annotations
