@@ -19,6 +19,17 @@ MISLEADING_NOTICES = {
     # failed one.
     "Manually terminating %s": "flwr.simulation.ray_transport.ray_actor",
 }
+# Libraries that log at INFO what no user of a command needs: importing Flower's state (any
+# in-process federation does) imports alembic, which logs a line for each plugin it sets up.
+CHATTY_LIBRARIES = ("alembic",)
+
+
+def log_to_terminal(fmt: str = "%(message)s") -> None:
+    """A command's logging: INFO records on stderr in ``fmt``, without the INFO chatter of
+    :data:`CHATTY_LIBRARIES`."""
+    logging.basicConfig(level=logging.INFO, format=fmt)
+    for name in CHATTY_LIBRARIES:
+        logging.getLogger(name).setLevel(logging.WARNING)
 
 
 def route_to(host: str = "flwr", level: int = logging.INFO) -> None:

@@ -48,6 +48,7 @@ from typing import Any
 from dept.cli_help import HelpFormatter, add_run_config_option, plain
 from dept.config import ConfigError, check_device_name, load_config
 from dept.data.sources import check_source_paths, run_sources
+from dept.logs import log_to_terminal
 from dept.model.outer_optimizers import OUTER_OPTIMIZERS
 from dept.paths import resolve_path
 from dept.state.jsonl import read_lines
@@ -218,7 +219,7 @@ def run_all(plans: list[Plan], jobs: int) -> list[dict[str, Any]]:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    log_to_terminal()
     out = resolve_path(args.out)
     try:  # a bad value or sources file fails here, before any work
         base = base_config(args, out)

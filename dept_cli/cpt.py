@@ -27,6 +27,7 @@ from dept.config import DeptConfig, load_config, to_run_config
 from dept.data.corpus import load_source_text
 from dept.data.sources import SourceSpec, check_source_paths, load_sources, write_sources
 from dept.export import export_trained
+from dept.logs import log_to_terminal
 from dept.model.variants import VARIANTS
 from dept.paths import resolve_path
 from dept.state.strict_json import dumps
@@ -97,7 +98,7 @@ def model_folder_name(body: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    log_to_terminal()
     out = resolve_path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     specs = load_sources(resolve_path(args.sources_file))

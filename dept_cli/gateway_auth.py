@@ -45,6 +45,7 @@ from flwr.supercore.constant import (
 from flwr.supercore.primitives.asymmetric import bytes_to_public_key, verify_signature
 
 from dept.cli_help import HelpFormatter
+from dept.logs import log_to_terminal
 
 log = logging.getLogger(__name__)
 
@@ -253,7 +254,7 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    log_to_terminal("%(asctime)s %(levelname)s %(message)s")
     if not args.database.is_file():
         parser().error(f"--database {args.database}: no such file (the SuperLink's --database)")
     try:

@@ -10,7 +10,6 @@ directory, under the keys the client looks up; an interrupted preparation contin
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
 import time
 from dataclasses import dataclass
@@ -22,6 +21,7 @@ from client_app.node import node_setup, served_sources
 from dept.cli_help import HelpFormatter, add_run_config_option, plain
 from dept.config import ConfigError, DeptConfig, load_config
 from dept.data.sources import SourceSpec
+from dept.logs import log_to_terminal
 from dept.state.workspace import cache_dir
 from dept.train.prepare import PreparedSource, prepare_source
 from server_app.config_pairs import parse_pairs
@@ -108,7 +108,7 @@ def prepare_node(
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    log_to_terminal()
     try:
         cfg = run_config(args.run_config)
         node_config = parse_pairs([args.node_config], "--node-config") if args.node_config else {}

@@ -33,6 +33,7 @@ from benchmarks.measure import parse_quick, plot_lines
 from dept.cli_help import add_run_config_option
 from dept.config import ConfigError, DeptConfig, load_config, to_run_config
 from dept.data.sources import SourceSpec, check_source_paths, load_sources, write_sources
+from dept.logs import log_to_terminal
 from dept.paths import resolve_path
 from dept.state.strict_json import dumps
 from dept.wire.compression import TOPK_DENSITY
@@ -263,7 +264,7 @@ def plot(results: list[dict[str, Any]], path: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    log_to_terminal()
     out, work = resolve_path(args.out), resolve_path(args.work)
     out.mkdir(parents=True, exist_ok=True)
     work.mkdir(parents=True, exist_ok=True)

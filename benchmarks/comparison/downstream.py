@@ -47,6 +47,7 @@ from benchmarks.measure import print_table, result_header, write_outputs
 from dept.config import ConfigError, DeptConfig, load_config, to_run_config
 from dept.data.sources import run_sources
 from dept.export import export_global, export_trained, load_run, state_root
+from dept.logs import log_to_terminal
 from dept.model.variants import variant
 from dept.paths import resolve_path
 from dept.state.workspace import global_tokenizer
@@ -297,7 +298,7 @@ def plot(out: Path, result: dict[str, Any]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    log_to_terminal()
     torch.set_num_threads(args.threads)
     tasks = [load_task(folder) for folder in args.task_dirs]  # checked before any training
     out, work = resolve_path(args.out), resolve_path(args.work)

@@ -39,6 +39,7 @@ from dept.config import ConfigError, DeptConfig, load_config
 from dept.data.corpus import load_source_text
 from dept.data.sources import SourceSpec, load_sources
 from dept.export import export_global, load_run
+from dept.logs import log_to_terminal
 from dept.model.variants import variant
 from dept.paths import resolve_path
 from dept_cli.compare_resume import PLAN_FILE
@@ -197,7 +198,7 @@ def plot(out: Path, rows: list[dict[str, Any]], held_out: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    log_to_terminal()
     [spec] = load_sources(args.held_out)
     try:
         rows = measure(args)

@@ -39,6 +39,7 @@ from benchmarks.soak import faults as inject
 from benchmarks.soak.reference import absences, fallbacks, run_reference
 from benchmarks.soak.report import by_kind, render, write
 from benchmarks.soak.watch import Fault, Rounds
+from dept.logs import log_to_terminal
 from server_app.checkpoint import CHECKPOINTS, TENSORS_FILE
 from tests.deploy.loopback import SERVER_DONE, Loopback, Node, node_config, run_config
 
@@ -424,7 +425,7 @@ def arguments() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = arguments().parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    log_to_terminal("%(asctime)s %(message)s")
     kinds = tuple(k for k in args.kinds.split(",") if k)
     unknown = sorted(set(kinds) - set(inject.KINDS))
     if unknown:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import importlib.util
 import logging
+import subprocess
+import sys
 from collections.abc import Iterator
 from logging import WARNING
 from pathlib import Path
@@ -58,3 +60,15 @@ def test_flower_still_logs_each_notice_with_that_template() -> None:
         spec = importlib.util.find_spec(module)  # read, not imported: it would import Ray
         assert spec is not None and spec.origin is not None, module
         assert f'"{template}"' in Path(spec.origin).read_text(), (template, module)
+
+
+def test_a_commands_log_shows_its_own_lines_and_not_alembics_plugins() -> None:
+    """What ``dept cpt`` showed before its first line: importing an in-process federation
+    (Flower's state, alembic with it) after the command's logging is set up."""
+    script = (
+        "import logging; from dept.logs import log_to_terminal; log_to_terminal(); "
+        "import server_app.federation; logging.getLogger('cpt').info('pre-training')"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == "pre-training\n"
