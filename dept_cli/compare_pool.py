@@ -7,7 +7,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ProcessPoolExecutor, as_completed
-from multiprocessing import get_context
+from multiprocessing import active_children, get_context
 from typing import Any
 
 from dept_cli.compare_plan import Plan
@@ -27,6 +27,15 @@ def _exit_with_parent() -> None:
         os._exit(1)
 
     threading.Thread(target=watch, daemon=True).start()
+
+
+def _stop_workers(pool: ProcessPoolExecutor) -> None:
+    """Stop the runs under way and drop the rest. Ctrl-C in a terminal reaches the workers
+    too; ``kill -INT`` of this process alone does not, and leaving the pool would wait for
+    every running plan to finish training."""
+    pool.shutdown(wait=False, cancel_futures=True)
+    for worker in active_children():
+        worker.terminate()
 
 
 def run_all(plans: list[Plan], jobs: int, run: RunPlan) -> list[dict[str, Any]]:
@@ -54,12 +63,16 @@ def run_all(plans: list[Plan], jobs: int, run: RunPlan) -> list[dict[str, Any]]:
             jobs, mp_context=get_context("spawn"), initializer=_exit_with_parent
         ) as pool:
             futures: dict[Future, int] = {pool.submit(run, p): i for i, p in enumerate(plans)}
-            for future in as_completed(futures):
-                i = futures[future]
-                try:
-                    done(i, future.result())
-                except Exception as exc:  # the worker itself died
-                    done(i, {"error": f"{type(exc).__name__}: {exc}", "wall_s": 0.0})
+            try:
+                for future in as_completed(futures):
+                    i = futures[future]
+                    try:
+                        done(i, future.result())
+                    except Exception as exc:  # the worker itself died
+                        done(i, {"error": f"{type(exc).__name__}: {exc}", "wall_s": 0.0})
+            except KeyboardInterrupt:
+                _stop_workers(pool)
+                raise
     # From the plan, so a worker that died and returned nothing still says what it ran.
     return [
         {"method": p.method, "lr": p.lr, **p.vocabularies, **results[i]}
