@@ -145,6 +145,7 @@ def corpora_run_config(names: Sequence[str], work: Path, **overrides: Any) -> di
     from dept.config import DeptConfig, kebab, load_config, to_run_config
     from dept.data.sources import load_sources, write_sources
 
+    work = work.resolve()  # a flwr run reads these paths from the checkout, not from here
     known = {s.name: s for s in load_sources(CORPORA)}
     unknown = sorted(set(names) - known.keys())
     if unknown:

@@ -172,7 +172,7 @@ def flwr_run(
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
-    work = args.work
+    work = args.work.resolve()  # the flwr run arm runs in the checkout, not here
     run_config = corpora_run_config(
         [args.source],
         work,

@@ -181,9 +181,21 @@ def main(argv: list[str] | None = None) -> int:
     sizes = [0.002, 0.006] if args.quick else [float(s) for s in args.sizes.split(",")]
     rows = []
     try:
-        for size in sizes:
+        for done, size in enumerate(sizes):
+            started = time.perf_counter()
+            print(f"{size:g} GB ({done + 1}/{len(sizes)}): writing the source", flush=True)
             folder = write_source(args.work / f"source-{size}gb", int(size * 1e9))
+            print(
+                f"{size:g} GB: written in {time.perf_counter() - started:.0f} s; "
+                "preparing it in a fresh process",
+                flush=True,
+            )
             rows.append({"size_gb": size, **measure(folder, args.work, args.vocab_size)})
+            print(
+                f"{size:g} GB: tokenized at {rows[-1]['mb_per_s']:.1f} MB/s, "
+                f"peak RSS {rows[-1]['peak_rss_mb']:.0f} MB",
+                flush=True,
+            )
             if not args.keep:
                 shutil.rmtree(folder)
     finally:
