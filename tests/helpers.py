@@ -124,6 +124,20 @@ def with_venv_on_path(**extra: str) -> dict[str, str]:
     return {**os.environ, **extra, "PATH": path}
 
 
+def start_shell(script: str, cwd: Path, env: Mapping[str, str]) -> subprocess.Popen[str]:
+    """``script`` run by bash as a terminal runs it: in a process group of its own (Ctrl-C
+    is the group's SIGINT), its output and errors merged into one text stream."""
+    return subprocess.Popen(
+        ["bash", "-c", script],
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+
+
 def fenced_block(doc: Path, heading: str, language: str = "bash") -> str:
     """The first ```language block under ``heading`` in ``doc`` (a Markdown file), as
     printed: what a test runs to hold the docs' examples true."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from tests.benchmarks.test_long_examples_start import EXAMPLES as LONG_EXAMPLES
 from tests.command_examples import all_examples
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -44,11 +45,14 @@ SOURCE_FORMS = (
     "tests/dept/data/test_source_forms.py::test_the_docs_example_makes_and_prepares_every_form"
 )
 
+LONG_START = "tests/benchmarks/test_long_examples_start.py::test_a_long_example_starts_as_printed_and_ctrl_c_stops_all_of_it"
+STARTED = f"started as printed, stopped at its first round or measured row: {LONG_START}"
+STARTED_ON_CORPORA = f"{STARTED} (where ../shared/corpora is: a fresh clone skips it)"
+
 # Why an example is not run by a test in CI, by kind.
-LONG = "not in CI: a full measurement, longer than CI's 25 minutes (its --quick form is tested)"
-BUDGET = (
-    "not in CI: trains at the command's default budget (compare: 550,000 tokens of model tiny "
-    "a run; cpt: 500,000 a body, then its CPT steps), minutes to hours on 2 cores"
+LONG = (
+    "not in CI: a 60-round soak, longer than CI's 25 minutes, that empties the shared "
+    "/tmp/soak it names (its 10-fault form runs whole)"
 )
 MACHINES = (
     "not in CI: a second machine, root, systemd or a public name; loopback.sh is the same on one"
@@ -66,11 +70,11 @@ RUN_BY: dict[str, str] = {
     "dept prepare --node-config \"source='de' path='/data/de'\"": PREPARE,
     "dept export outputs/dept --source synth-greek --out models/synth-greek": QUICKSTART,
     "dept run --help": "tests/dept_cli/test_main.py::test_a_subcommands_help_shows_an_example",
-    "dept compare --sources-file benchmarks/corpora.yaml --model tiny": LONG,
-    "dept compare --sources-file my-sources.yaml --methods std-0.3,spec-opt --lrs 0.004 --jobs 4": BUDGET,
-    'dept compare --sources-file my-sources.yaml --budget bytes -c "keep-inner-optimizer=false"': BUDGET,
-    "dept cpt --sources-file benchmarks/corpora.yaml --held-out en-shakespeare": LONG,
-    "dept cpt --sources-file my-sources.yaml --held-out de-novels --variant spec --cpt-steps 400": BUDGET,
+    "dept compare --sources-file benchmarks/corpora.yaml --model tiny": STARTED_ON_CORPORA,
+    "dept compare --sources-file my-sources.yaml --methods std-0.3,spec-opt --lrs 0.004 --jobs 4": STARTED,
+    'dept compare --sources-file my-sources.yaml --budget bytes -c "keep-inner-optimizer=false"': STARTED,
+    "dept cpt --sources-file benchmarks/corpora.yaml --held-out en-shakespeare": STARTED_ON_CORPORA,
+    "dept cpt --sources-file my-sources.yaml --held-out de-novels --variant spec --cpt-steps 400": STARTED,
     "dept eval outputs/dept": QUICKSTART,
     "dept eval outputs/dept --source de-novels --tasks my_task --include-path my-tasks/": USER_FOLDER,
     "dept eval outputs/dept --global": BACKGROUND,
@@ -120,16 +124,16 @@ RUN_BY: dict[str, str] = {
     'pip install -e ".[eval]"': "run by CI itself: the test extra installs the eval extra",
     "dept finetune outputs/dept --task tasks/sst2 --task tasks/stsb --seeds 3 --epochs 3": USER_FOLDER,
     # docs/findings.md
-    "python -m benchmarks.overhead.client_overhead": LONG,
-    "python -m benchmarks.overhead.round_overhead": LONG,
-    "python -m benchmarks.comparison.communication": LONG,
-    "python -m benchmarks.overhead.server_scaling": LONG,
+    "python -m benchmarks.overhead.client_overhead": STARTED_ON_CORPORA,
+    "python -m benchmarks.overhead.round_overhead": STARTED_ON_CORPORA,
+    "python -m benchmarks.comparison.communication": STARTED_ON_CORPORA,
+    "python -m benchmarks.overhead.server_scaling": STARTED,
     "python -m benchmarks.gpu.training": GPU,
     "python -m benchmarks.gpu.check": f"{GPU}; its CPU form: tests/benchmarks/test_gpu_check.py",
-    "python -m benchmarks.comparison.compression": LONG,
-    "python -m benchmarks.comparison.poisoning": LONG,
-    "python -m benchmarks.overhead.data_scaling": LONG,
-    "python -m benchmarks.comparison.time_budget": LONG,
+    "python -m benchmarks.comparison.compression": STARTED_ON_CORPORA,
+    "python -m benchmarks.comparison.poisoning": STARTED,
+    "python -m benchmarks.overhead.data_scaling": STARTED,
+    "python -m benchmarks.comparison.time_budget": STARTED_ON_CORPORA,
     # docs/outputs.md
     'dept run -c "tensorboard=true"': f"{BACKGROUND} (stopped after round 1, as the test does)",
     "tensorboard --logdir outputs/dept/tensorboard": (
@@ -152,10 +156,8 @@ RUN_BY: dict[str, str] = {
     "python - <<'PY'": SOURCE_FORMS,
     "cat > my-sources.yaml <<'YAML'": SOURCE_FORMS,
     "dept prepare -c \"sources-file='my-sources.yaml' variant='spec-opt'\"": SOURCE_FORMS,
-    "cat > four.yaml <<'YAML'": "not in CI: reads ../shared/corpora, which a fresh clone lacks",
-    "dept run -c \"sources-file='four.yaml' variant='spec-opt' model='debug' local-steps=30\"": (
-        "not in CI: reads ../shared/corpora, which a fresh clone lacks"
-    ),
+    "cat > four.yaml <<'YAML'": f"{STARTED_ON_CORPORA} (with the next line: its block runs whole)",
+    "dept run -c \"sources-file='four.yaml' variant='spec-opt' model='debug' local-steps=30\"": STARTED_ON_CORPORA,
 }
 
 
@@ -166,6 +168,14 @@ def test_every_example_is_run_by_a_test_or_says_why_not() -> None:
     gone = sorted(set(RUN_BY) - set(examples))
     assert not unlisted, f"examples no test runs (add the test, or the reason): {unlisted}"
     assert not gone, f"listed here, shown nowhere: {gone}"
+
+
+def test_the_started_examples_are_those_the_start_test_runs() -> None:
+    """Each example said to be started is, alone or in the block of one that is."""
+    started = {c for c, how in RUN_BY.items() if LONG_START in how}
+    assert set(LONG_EXAMPLES) <= started
+    scripts = [e.script for e in LONG_EXAMPLES.values()]
+    assert all(any(c in s for s in scripts) for c in started - set(LONG_EXAMPLES))
 
 
 def test_each_named_test_is_there() -> None:

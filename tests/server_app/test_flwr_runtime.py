@@ -13,7 +13,7 @@ import pytest
 from server_app.launch import build_command
 from server_app.sizing import ClientShare, client_share, machine_cores
 from tests.command_examples import doc_examples, help_examples
-from tests.helpers import fenced_block, with_venv_on_path
+from tests.helpers import fenced_block, start_shell, with_venv_on_path
 
 PROJECT = Path(__file__).resolve().parents[2]
 CPU_ONLY = client_share(4, 0.0, 0, machine_cores())  # as dept run sizes four clients here
@@ -94,15 +94,7 @@ def test_a_killed_simulation_worker_stops_the_run_with_its_line_and_resume(
         **with_venv_on_path(XDG_CACHE_HOME=str(tmp_path / "home-cache")),  # the default state
         "FLWR_HOME": str(tmp_path / "flwr-home"),
     }
-    run = subprocess.Popen(
-        ["bash", "-c", example],
-        cwd=tmp_path,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
+    run = start_shell(example, tmp_path, env)
     assert run.stdout is not None
     lines: list[str] = []
     killed = False
