@@ -10,7 +10,7 @@ import subprocess
 import sys
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import pytest
 import torch
@@ -124,14 +124,17 @@ def with_venv_on_path(**extra: str) -> dict[str, str]:
     return {**os.environ, **extra, "PATH": path}
 
 
-def start_shell(script: str, cwd: Path, env: Mapping[str, str]) -> subprocess.Popen[str]:
+def start_shell(
+    script: str, cwd: Path, env: Mapping[str, str], output: IO[str] | None = None
+) -> subprocess.Popen[str]:
     """``script`` run by bash as a terminal runs it: in a process group of its own (Ctrl-C
-    is the group's SIGINT), its output and errors merged into one text stream."""
+    is the group's SIGINT), its output and errors merged into one text stream (a pipe, or
+    ``output``)."""
     return subprocess.Popen(
         ["bash", "-c", script],
         cwd=cwd,
         env=env,
-        stdout=subprocess.PIPE,
+        stdout=output or subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
         start_new_session=True,

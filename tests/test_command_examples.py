@@ -59,7 +59,6 @@ MACHINES = (
 )
 DOCKER = "not in CI: Docker's own CLI; the same compose files run through smoke.sh"
 GPU = "not in CI: needs a GPU (the device check runs it where one is lent)"
-SAME_PATH = "not in CI: a full run on the path the test named after it runs, settings changed"
 
 RUN_BY: dict[str, str] = {
     # --help examples
@@ -91,7 +90,7 @@ RUN_BY: dict[str, str] = {
     "dept prepare": PREPARE,
     "dept prepare -c \"sources-file='my-sources.yaml' variant='spec-opt'\" --source de-novels": PREPARE,
     "dept prepare --node-config \"source='de' path='/data/de' state-dir='/state'\"": PREPARE,
-    "dept run -c \"model='gpt2:tiny' variant='glob' compression='int8'\" -c \"seed=1\" --no-stream": f"{SAME_PATH}: {BACKGROUND}",
+    "dept run -c \"model='gpt2:tiny' variant='glob' compression='int8'\" -c \"seed=1\" --no-stream": STARTED,
     "dept run --resume outputs/spec": CTRL_C,
     "dept superexec --insecure --runtime-api-address 127.0.0.1:9094 --superexec-auth-secret-file superexec.secret": SUPEREXEC,
     # README.md

@@ -9,7 +9,8 @@ The benchmarks run from a folder laid out as the checkout's root (its ``benchmar
 beside ``../shared/corpora``), so what they write lands there and not in this checkout; those
 that read the shared corpora are skipped where the corpora are missing (a fresh clone in
 CI). ``dept compare`` and ``dept cpt`` run in a user's folder that holds the
-``my-sources.yaml`` their ``--help`` names. docs/sources.md's run on four of the shared
+``my-sources.yaml`` their ``--help`` names; so does the help's GLOB run, whose progress is
+in its ``run.log`` (``--no-stream``). docs/sources.md's run on four of the shared
 corpora runs as its block is printed: the sources file it writes, then the run."""
 
 # ruff: noqa: E501  (the examples are quoted whole, as printed)
@@ -19,7 +20,6 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-import select
 import shutil
 import signal
 import subprocess
@@ -54,6 +54,7 @@ class Example(NamedTuple):
     corpora: bool  # reads ../shared/corpora
     under_way: str  # the line that shows its work started
     script: str = ""  # the docs' block the example ends, run whole; else the example alone
+    log: str = ""  # the file that shows its progress, where not the terminal
 
 
 EXAMPLES = {
@@ -85,6 +86,9 @@ EXAMPLES = {
     ),
     "dept cpt --sources-file my-sources.yaml --held-out de-novels --variant spec --cpt-steps 400": Example(
         "user", False, FIRST_ROUND
+    ),
+    "dept run -c \"model='gpt2:tiny' variant='glob' compression='int8'\" -c \"seed=1\" --no-stream": Example(
+        "user", False, FIRST_ROUND, log="outputs/dept/run.log"
     ),
     "dept run -c \"sources-file='four.yaml' variant='spec-opt' model='debug' local-steps=30\"": Example(
         "checkout",
@@ -121,22 +125,17 @@ def _marked(mark: str) -> list[int]:
     return found
 
 
-def _until_under_way(shell: subprocess.Popen[str], under_way: str) -> list[str]:
-    """The lines ``shell`` printed up to the first that matches ``under_way``."""
-    assert shell.stdout is not None
-    lines: list[str] = []
+def _until_under_way(shell: subprocess.Popen[str], shown: Path, under_way: str) -> None:
+    """Wait until a line of ``shown`` (the terminal, or the run's log) matches ``under_way``;
+    fail if the example ends or takes too long first."""
     deadline = time.monotonic() + FIRST_LINE_S
-    while time.monotonic() < deadline:
-        ready, _, _ = select.select([shell.stdout], [], [], 1.0)
-        if not ready:
-            continue
-        line = shell.stdout.readline()
-        if not line:
-            break
-        lines.append(line.rstrip("\n"))
-        if re.search(under_way, line):
-            return lines
-    tail = "\n".join(lines[-30:])
+    while time.monotonic() < deadline and shell.poll() is None:
+        text = shown.read_text(errors="replace") if shown.is_file() else ""
+        if re.search(under_way, text):
+            return
+        time.sleep(0.5)
+    text = shown.read_text(errors="replace") if shown.is_file() else "(nothing)"
+    tail = "\n".join(text.splitlines()[-30:])
     raise AssertionError(f"no line matching {under_way!r} (exit {shell.poll()}):\n{tail}")
 
 
@@ -149,13 +148,18 @@ def test_a_long_example_starts_as_printed_and_ctrl_c_stops_all_of_it(
         pytest.skip(f"reads ../shared/corpora, not present here ({CORPORA})")
     cwd = _folder(tmp_path, example.folder)
     mark = f"DEPT_EXAMPLE_{uuid.uuid4().hex}"
-    env = with_venv_on_path(**{mark: "1", "FLWR_HOME": str(tmp_path / "flwr-home")})
-    shell = start_shell(example.script or command, cwd, env)
+    env = with_venv_on_path(
+        **{mark: "1", "FLWR_HOME": str(tmp_path / "flwr-home")},
+        XDG_CACHE_HOME=str(tmp_path / "home-cache"),  # a dept run's default state
+    )
+    terminal = tmp_path / "terminal.txt"
+    with terminal.open("w") as output:
+        shell = start_shell(example.script or command, cwd, env, output)
     try:
-        lines = _until_under_way(shell, example.under_way)
-        assert not [line for line in lines if "Traceback" in line], "\n".join(lines)
+        _until_under_way(shell, cwd / example.log if example.log else terminal, example.under_way)
+        assert "Traceback" not in terminal.read_text(), terminal.read_text()
         os.killpg(shell.pid, signal.SIGINT)  # Ctrl-C: the terminal signals the whole group
-        shell.communicate(timeout=STOPPED_S)
+        shell.wait(timeout=STOPPED_S)
         deadline = time.monotonic() + 10
         while _marked(mark) and time.monotonic() < deadline:
             time.sleep(0.5)
