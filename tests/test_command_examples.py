@@ -25,9 +25,6 @@ BACKGROUND = (
     "tests/server_app/test_stopping.py::"
     "test_sigterm_stops_a_run_in_the_background_while_another_finishes_on_its_own_superlink"
 )
-GATEWAY_RECIPE = (
-    "tests/deploy/test_docker_files.py::test_the_docs_gateway_recipe_renders_the_template_whole"
-)
 LOOPBACK = (
     "tests/deploy/test_loopback_script.py::"
     "test_the_loopback_script_runs_a_federation_a_source_joins_and_nothing_is_left"
@@ -41,6 +38,7 @@ PLAIN_FLWR = (
     "tests/server_app/test_plain_flwr_run.py::test_the_docs_plain_flwr_run_trains_every_round"
 )
 KILLED_WORKER = "tests/server_app/test_flwr_runtime.py::test_a_killed_simulation_worker_stops_the_run_with_its_line_and_resume"
+WALKTHROUGH = "tests/deploy/test_walkthrough.py::test_the_two_machine_walkthrough_runs_as_printed (on one machine in namespaces: systemctl a stand-in, the 50-round run stopped after round 1)"
 SOURCE_FORMS = (
     "tests/dept/data/test_source_forms.py::test_the_docs_example_makes_and_prepares_every_form"
 )
@@ -53,9 +51,6 @@ STARTED_ON_CORPORA = f"{STARTED} (where ../shared/corpora is: a fresh clone skip
 LONG = (
     "not in CI: a 60-round soak, longer than CI's 25 minutes, that empties the shared "
     "/tmp/soak it names (its 10-fault form runs whole)"
-)
-MACHINES = (
-    "not in CI: a second machine, root, systemd or a public name; loopback.sh is the same on one"
 )
 DOCKER = "not in CI: Docker's own CLI; the same compose files run through smoke.sh"
 GPU = "not in CI: needs a GPU (the device check runs it where one is lent)"
@@ -98,18 +93,19 @@ RUN_BY: dict[str, str] = {
     'pip install -e ".[test]" && pytest': "run by CI itself: .ci/run ends with it",
     # docs/deployment.md
     "bash docker/loopback.sh loopback-run": f"{LOOPBACK} (its folder the test's own)",
-    "dept certs ~/dept-certs --name superlink.example.org --name localhost --name 127.0.0.1 --supernodes de-novels": CERTS,
-    "flower-superlink --isolation process --enable-supernode-auth --ssl-ca-certfile ~/dept-certs/ca.crt --ssl-certfile ~/dept-certs/server.pem --ssl-keyfile ~/dept-certs/server.key --host 127.0.0.1 --port 8000 --superexec-auth-secret-file ~/dept-certs/superexec.secret --database ~/dept-state/superlink.db --disable-runtime-dependency-installation &": MACHINES,
-    "DEPT_HOME=~/dept-runs flower-superexec --root-certificates ~/dept-certs/ca.crt --runtime-api-address 127.0.0.1:8000 --superexec-auth-secret-file ~/dept-certs/superexec.secret &": MACHINES,
-    "dept gateway-auth --database ~/dept-state/superlink.db --listen 127.0.0.1:9301 &": GATEWAY_AUTH,
-    "export GATEWAY_LISTEN=8443 SUPERLINK_UPSTREAM=127.0.0.1:8000 SUPERLINK_TLS_NAME=localhost GATEWAY_CERT=/home/me/dept-certs/server.pem GATEWAY_KEY=/home/me/dept-certs/server.key SUPERLINK_CA=/home/me/dept-certs/ca.crt GATEWAY_AUTH=127.0.0.1:9301": GATEWAY_RECIPE,
-    "envsubst '${GATEWAY_LISTEN} ${GATEWAY_CERT} ${GATEWAY_KEY} ${SUPERLINK_UPSTREAM} ${SUPERLINK_CA} ${SUPERLINK_TLS_NAME} ${GATEWAY_AUTH}' < docker/gateway.conf.template > /etc/nginx/conf.d/dept-gateway.conf": f"{GATEWAY_RECIPE} (its output file the test's own)",
-    "nginx -t && systemctl reload nginx": MACHINES,
-    "flwr supernode register ~/dept-certs/supernodes/de-novels.pub server": MACHINES,
-    '(umask 077; python -c "import secrets; print(secrets.token_hex(32))" > superexec.secret)': f"{SUPEREXEC} (the secret its example reads)",
-    "flower-supernode --isolation process --superlink superlink.example.org:8443 --root-certificates ca.crt --auth-supernode-private-key de-novels --port 9094 --superexec-auth-secret-file superexec.secret --node-config \"source='de-novels' path='/data/de-novels' vocab-size=4096 state-dir='/var/lib/dept'\" &": MACHINES,
-    "dept superexec --insecure --runtime-api-address 127.0.0.1:9094 --superexec-auth-secret-file superexec.secret &": f"{SUPEREXEC} (the help's example, the same line)",
-    "flwr run . server --stream --run-config \"model='small' num-server-rounds=50 min-available-nodes=1 output-dir='runs/remote-1'\"": MACHINES,
+    "dept certs ~/dept-certs --name superlink.example.org --name localhost --name 127.0.0.1 --supernodes de-novels": WALKTHROUGH,
+    "mkdir -p ~/dept-state": WALKTHROUGH,
+    "flower-superlink --isolation process --enable-supernode-auth --ssl-ca-certfile ~/dept-certs/ca.crt --ssl-certfile ~/dept-certs/server.pem --ssl-keyfile ~/dept-certs/server.key --host 127.0.0.1 --port 8000 --superexec-auth-secret-file ~/dept-certs/superexec.secret --database ~/dept-state/superlink.db --disable-runtime-dependency-installation &": WALKTHROUGH,
+    "DEPT_HOME=~/dept-runs flower-superexec --root-certificates ~/dept-certs/ca.crt --runtime-api-address 127.0.0.1:8000 --superexec-auth-secret-file ~/dept-certs/superexec.secret &": WALKTHROUGH,
+    "dept gateway-auth --database ~/dept-state/superlink.db --listen 127.0.0.1:9301 &": WALKTHROUGH,
+    "export GATEWAY_LISTEN=8443 SUPERLINK_UPSTREAM=127.0.0.1:8000 SUPERLINK_TLS_NAME=localhost GATEWAY_CERT=/home/me/dept-certs/server.pem GATEWAY_KEY=/home/me/dept-certs/server.key SUPERLINK_CA=/home/me/dept-certs/ca.crt GATEWAY_AUTH=127.0.0.1:9301": WALKTHROUGH,
+    "envsubst '${GATEWAY_LISTEN} ${GATEWAY_CERT} ${GATEWAY_KEY} ${SUPERLINK_UPSTREAM} ${SUPERLINK_CA} ${SUPERLINK_TLS_NAME} ${GATEWAY_AUTH}' < docker/gateway.conf.template > /etc/nginx/conf.d/dept-gateway.conf": WALKTHROUGH,
+    "nginx -t && systemctl reload nginx": WALKTHROUGH,
+    "flwr supernode register ~/dept-certs/supernodes/de-novels.pub server": WALKTHROUGH,
+    '(umask 077; python -c "import secrets; print(secrets.token_hex(32))" > superexec.secret)': WALKTHROUGH,
+    "flower-supernode --isolation process --superlink superlink.example.org:8443 --root-certificates ca.crt --auth-supernode-private-key de-novels --port 9094 --superexec-auth-secret-file superexec.secret --node-config \"source='de-novels' path='/data/de-novels' vocab-size=4096 state-dir='/var/lib/dept'\" &": WALKTHROUGH,
+    "dept superexec --insecure --runtime-api-address 127.0.0.1:9094 --superexec-auth-secret-file superexec.secret &": WALKTHROUGH,
+    "flwr run . server --stream --run-config \"model='small' num-server-rounds=50 min-available-nodes=1 output-dir='runs/remote-1'\"": WALKTHROUGH,
     "docker compose -f docker/compose.yml up -d --build": DOCKER,
     "flwr run . local --stream": DOCKER,
     "dept certs docker/certs --name superlink --name gateway --name 127.0.0.1 --name <public host name> --supernodes node-1,node-2,node-3": f"{DOCKER}; smoke.sh makes its certificates the same way",
