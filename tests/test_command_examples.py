@@ -52,7 +52,10 @@ LONG = (
     "not in CI: a 60-round soak, longer than CI's 25 minutes, that empties the shared "
     "/tmp/soak it names (its 10-fault form runs whole)"
 )
-DOCKER = "not in CI: Docker's own CLI; the same compose files run through smoke.sh"
+DOCKER = (
+    "not in CI: Docker's CLI, and images from Docker Hub (flwr/<role>:1.42.0) that cannot be "
+    "pulled here; smoke.sh runs the same compose files on podman, from a base made locally"
+)
 GPU = "not in CI: needs a GPU (the device check runs it where one is lent)"
 
 RUN_BY: dict[str, str] = {
