@@ -30,6 +30,7 @@ from typing import NamedTuple
 
 import pytest
 
+from tests.deploy.loopback import wait_for
 from tests.helpers import CORPORA, fenced_block, start_shell, with_venv_on_path
 
 pytestmark = pytest.mark.slow
@@ -128,15 +129,21 @@ def _marked(mark: str) -> list[int]:
 def _until_under_way(shell: subprocess.Popen[str], shown: Path, under_way: str) -> None:
     """Wait until a line of ``shown`` (the terminal, or the run's log) matches ``under_way``;
     fail if the example ends or takes too long first."""
-    deadline = time.monotonic() + FIRST_LINE_S
-    while time.monotonic() < deadline and shell.poll() is None:
-        text = shown.read_text(errors="replace") if shown.is_file() else ""
-        if re.search(under_way, text):
-            return
-        time.sleep(0.5)
-    text = shown.read_text(errors="replace") if shown.is_file() else "(nothing)"
-    tail = "\n".join(text.splitlines()[-30:])
-    raise AssertionError(f"no line matching {under_way!r} (exit {shell.poll()}):\n{tail}")
+
+    def text() -> str:
+        return shown.read_text(errors="replace") if shown.is_file() else ""
+
+    def seen() -> bool:
+        ended = shell.poll() is not None  # read the output after checking
+        if re.search(under_way, text()):
+            return True
+        assert not ended, f"exit {shell.poll()} before a line matching {under_way!r}:\n{text()}"
+        return False
+
+    try:
+        wait_for(seen, FIRST_LINE_S, f"a line matching {under_way!r}")
+    except TimeoutError as late:
+        raise AssertionError(f"{late}:\n{text()[-3000:]}") from None
 
 
 @pytest.mark.parametrize("command", list(EXAMPLES))

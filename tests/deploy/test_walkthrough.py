@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from dept.data.synthetic import generate_documents, make_grammar, make_lexicon
+from benchmarks.overhead.data_scaling import write_source
 from tests.helpers import LOOPBACK_UP, fenced_block, needs_own_network
 
 pytestmark = [pytest.mark.slow, needs_own_network]
@@ -61,18 +61,6 @@ def _wait_for(what: str, test: str, seconds: int = 90) -> str:
         f"  [ $SECONDS -lt $end ] || {{ echo 'walk-through: {what} never came up' >&2; exit 1; }}\n"
         "  sleep 0.5\ndone\n"
     )
-
-
-def _a_source(folder: Path) -> None:
-    """The node's text: a synthetic language, as a folder of train.txt and val.txt."""
-    import numpy as np
-
-    text, _ = generate_documents(
-        make_grammar(0), make_lexicon("latin", 0), np.random.default_rng(0), 600_000
-    )
-    folder.mkdir(parents=True)
-    (folder / "train.txt").write_text("\n\n".join(text[:-40]))
-    (folder / "val.txt").write_text("\n\n".join(text[-40:]))
 
 
 def walkthrough(tmp_path: Path) -> str:
@@ -120,7 +108,7 @@ def walkthrough(tmp_path: Path) -> str:
 
 
 def test_the_two_machine_walkthrough_runs_as_printed(tmp_path: Path) -> None:
-    _a_source(tmp_path / "de-novels")
+    write_source(tmp_path / "de-novels", 600_000)  # the node's text: train.txt and val.txt
     (tmp_path / "inner.sh").write_text(walkthrough(tmp_path))
     outer = "\n".join(
         [
