@@ -80,7 +80,13 @@ wait_for() {
     done
 }
 run_ended() { ! kill -0 "$RUN_PID" 2>/dev/null; }
-logs_match() { compose "${@:3}" logs "$1" 2>&1 | grep -Eq "$2"; } # SERVICE PATTERN ARGS...
+# A service's container, by the labels docker compose and podman-compose both set, so a
+# wait polls the engine's own logs (a compose CLI call costs about 0.5 s of CPU, every 2 s)
+container() { # container PROJECT SERVICE: its ID
+    "$ENGINE" ps -q --filter "label=com.docker.compose.project=$1" \
+        --filter "label=com.docker.compose.service=$2"
+}
+logs_match() { "$ENGINE" logs "$1" 2>&1 | grep -Eq "$2"; } # CONTAINER PATTERN
 
 # --- build ---------------------------------------------------------------------------------
 build() { # build IMAGE DOCKERFILE [BUILD-ARG...]: time and size go to builds.tsv
@@ -199,7 +205,7 @@ check_outsider() { # the gateway answers 403; the SuperLink's port is not on tha
 
 tls_phase() {
     PHASE=tls
-    local args=(-p "$PREFIX-tls" -f compose.yml -f compose.tls.yml -f "$THREADS") node
+    local args=(-p "$PREFIX-tls" -f compose.yml -f compose.tls.yml -f "$THREADS") node node1
     PROJECTS+=("${args[*]}")
     export CERTS_DIR=$WORK/certs SUPERLINK_PORT GATEWAY_PORT
     SUPERLINK_PORT=$(free_port)
@@ -219,15 +225,17 @@ tls_phase() {
     done
     compose "${args[@]}" up -d >>"$OUT/tls-up.log" 2>&1 || fail "tls: up the nodes"
     # Before any message: the executor started the node's warm worker (compose.yml).
+    node1=$(container "$PREFIX-tls" superexec-clientapp-1)
+    [ -n "$node1" ] || fail "tls: no container of superexec-clientapp-1"
     wait_for 180 "node-1's warm worker, started with its executor" logs_match \
-        superexec-clientapp-1 "warm worker [0-9]+: serving /app/state/warm-worker" "${args[@]}"
+        "$node1" "warm worker [0-9]+: serving /app/state/warm-worker"
     # Each step waits 0.25 s: a round trains 10 s, so the kill lands while node-1 trains,
     # not after it has saved round 2 (150 undelayed steps took under the 2 s poll here).
     start_run 3 3 40 0.25
     check_outsider
 
     wait_for "$WAIT_S" "node-1 training in round 2" \
-        logs_match superexec-clientapp-1 "round 2 $NODE1_SOURCE: step" "${args[@]}"
+        logs_match "$node1" "round 2 $NODE1_SOURCE: step"
     compose "${args[@]}" kill supernode-1 superexec-clientapp-1 >/dev/null 2>&1
     log "tls: node-1 (SuperNode and executor) killed mid-round; recreating it"
     compose "${args[@]}" up -d --no-deps --force-recreate supernode-1 superexec-clientapp-1 \
