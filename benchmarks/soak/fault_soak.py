@@ -12,7 +12,7 @@ trained in process without faults: :mod:`benchmarks.soak.reference`), and that n
 left behind: no process, held lock, socket or temporary folder. ::
 
     python -m benchmarks.soak.fault_soak --rounds 60 --faults 100        # the long soak
-    python -m benchmarks.soak.fault_soak --rounds 8 --faults 10          # the short one
+    python -m benchmarks.soak.fault_soak --rounds 8 --faults 10 --loopback-supernodes  # CI's
 
 Results: ``fault_soak.json`` and ``inject.csv`` in ``--out``, and a table on stdout.
 """
@@ -41,11 +41,15 @@ from benchmarks.soak.report import by_kind, render, write
 from benchmarks.soak.watch import Fault, Rounds
 from dept.logs import log_to_terminal
 from server_app.checkpoint import CHECKPOINTS, TENSORS_FILE
+from server_app.flower_commands import HEARTBEAT_S
 from tests.deploy.loopback import SERVER_DONE, Loopback, Node, node_config, run_config
 
 log = logging.getLogger(__name__)
 SOURCES = ("latin", "cyrillic", "greek", "georgian")
-PARTITION_S = 70.0  # Flower 1.42 drops a node after 2 missed heartbeats of 30 s
+# A partition outlasts the heartbeat window: Flower 1.42 drops a node after 2 missed
+# heartbeats, of 30 s on its own SuperNode, of HEARTBEAT_S on the loopback one
+PARTITION_S = 70.0
+LOOPBACK_PARTITION_S = 2 * HEARTBEAT_S + 5.0
 POLL_S = 0.5
 GRACE_S = 20.0  # a SIGTERMed process's time to exit cleanly at the end
 RESUMED = re.compile(r"resuming run \S+ after round (\d+)")
@@ -65,7 +69,10 @@ class Options:
     seed: int = 0
     local_steps: int = 4
     gap_s: float = 6.0  # mean time between injections
-    partition_s: float = PARTITION_S
+    partition_s: float | None = None  # default: past the nodes' heartbeat window
+    # the SuperNode `dept run --federation processes` starts (tests.deploy.loopback): the
+    # same faults, found three times sooner; the long soak runs Flower's own
+    loopback_supernodes: bool = False
     kinds: tuple[str, ...] = inject.KINDS
     timeout_s: float = 1800.0
     full_s: float = 20.0  # how long a node's state disk stays full
@@ -92,6 +99,8 @@ class Soak:
         self.started = time.monotonic()
         self.kinds, self.disks, self.no_disks = self.opts.kinds, list[Path](), ""
         self.unsubmitted: list[Fault] = []  # output-disk-full faults whose run is not resumed
+        quick = self.opts.loopback_supernodes
+        self.partition_s = self.opts.partition_s or (LOOPBACK_PARTITION_S if quick else PARTITION_S)
 
     def small_disks(self) -> str:
         """Each node's state folder and the output folder on a small disk of its own, for
@@ -266,8 +275,8 @@ class Soak:
             return f"worker {pids} killed"
         if kind == inject.PARTITION:
             os.killpg(node.supernode.popen.pid, signal.SIGSTOP)
-            self.paused[target] = time.monotonic() + self.opts.partition_s
-            return f"supernode paused {self.opts.partition_s:.0f} s"
+            self.paused[target] = time.monotonic() + self.partition_s
+            return f"supernode paused {self.partition_s:.0f} s"
         state = self._round_state(target)
         assert state is not None, "chosen only with a round state"
         inject.corrupt(state, self.rng.randrange(1 << 16))
@@ -349,7 +358,9 @@ def run_soak(opts: Options) -> dict[str, Any]:
     """The soak, its fault-free twin and the checks; the results (:func:`write`)."""
     shutil.rmtree(opts.work, ignore_errors=True)
     # its processes' TMPDIR is work/tmp: what they leave is ours
-    deployment = Loopback(opts.work, executor=NODE_EXECUTOR)
+    deployment = Loopback(
+        opts.work, executor=NODE_EXECUTOR, loopback_supernodes=opts.loopback_supernodes
+    )
     soak = Soak(deployment, opts)
     try:
         soak.start()
@@ -408,7 +419,19 @@ def arguments() -> argparse.ArgumentParser:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--local-steps", type=int, default=4)
     parser.add_argument("--gap-s", type=float, default=6.0, help="mean time between faults")
-    parser.add_argument("--partition-s", type=float, default=PARTITION_S)
+    parser.add_argument(
+        "--partition-s",
+        type=float,
+        default=None,
+        help=f"how long a partition lasts (default: {PARTITION_S:.0f} s, "
+        f"{LOOPBACK_PARTITION_S:.0f} s with --loopback-supernodes)",
+    )
+    parser.add_argument(
+        "--loopback-supernodes",
+        action="store_true",
+        help="run the SuperNode dept run --federation processes starts (heartbeats every "
+        f"{HEARTBEAT_S} s, not 30 s): the same faults, found sooner (the CI soak)",
+    )
     parser.add_argument("--full-s", type=float, default=20.0, help="a node's disk full this long")
     parser.add_argument("--kinds", default=",".join(inject.KINDS), help="comma-separated")
     parser.add_argument("--timeout-s", type=float, default=1800.0)
@@ -441,6 +464,7 @@ def main(argv: list[str] | None = None) -> int:
         "timeout_s",
         "reference_seeds",
         "full_s",
+        "loopback_supernodes",
     )
     opts = Options(kinds=kinds, **{k: getattr(args, k) for k in named})
     result = run_soak(opts)

@@ -23,6 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from server_app.flower_commands import command_folder
 from server_app.local_runtime import free_port
 from tests.deploy import gateway
 
@@ -144,6 +145,10 @@ class Loopback:
     env: dict[str, str] = field(default_factory=dict)
     # the nodes' executor, as deployed (docs/deployment.md); or Flower's own
     executor: tuple[str, ...] = ("dept", "superexec")
+    # the SuperNode ``dept run --federation processes`` starts (a heartbeat every 10 s, a
+    # pull every 0.5 s: server_app.flower_commands), not Flower's own (30 s, 3 s): a node
+    # lost is found in 20 s, not a minute
+    loopback_supernodes: bool = False
 
     def __post_init__(self) -> None:
         # A SIGTERM to pytest (a CI job cancelled) unwinds like Ctrl-C, so the fixture's
@@ -266,7 +271,10 @@ class Loopback:
         itself), its Runtime API on ``port`` (default: a free one); returns it and the
         address of that Runtime API."""
         port = port or free_port()
-        args = ["flower-supernode", "--superlink", via or self.address, "--isolation", "process"]
+        command = "flower-supernode"
+        if self.loopback_supernodes:
+            command = str(command_folder(self.root / "commands") / command)
+        args = [command, "--superlink", via or self.address, "--isolation", "process"]
         args += ["--port", str(port), "--node-config", node_config, *self._security()]
         args += self._secret()
         if key is not None:
