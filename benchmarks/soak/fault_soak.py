@@ -99,8 +99,8 @@ class Soak:
         self.started = time.monotonic()
         self.kinds, self.disks, self.no_disks = self.opts.kinds, list[Path](), ""
         self.unsubmitted: list[Fault] = []  # output-disk-full faults whose run is not resumed
-        quick = self.opts.loopback_supernodes
-        self.partition_s = self.opts.partition_s or (LOOPBACK_PARTITION_S if quick else PARTITION_S)
+        window = LOOPBACK_PARTITION_S if self.opts.loopback_supernodes else PARTITION_S
+        self.partition_s = window if self.opts.partition_s is None else self.opts.partition_s
 
     def small_disks(self) -> str:
         """Each node's state folder and the output folder on a small disk of its own, for
