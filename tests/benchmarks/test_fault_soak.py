@@ -208,7 +208,9 @@ def test_a_short_soak_of_ten_faults_loses_nothing(tmp_path: Path) -> None:
     # the loopback SuperNodes: the same faults, each found in a third of Flower's heartbeat
     # window (the hundred-fault soak, run by hand, keeps Flower's own)
     work = tmp_path / "soak"
-    opts = fault_soak.Options(work, rounds=8, faults=10, seed=1, loopback_supernodes=True)
+    opts = fault_soak.Options(
+        work, rounds=8, faults=10, seed=1, timeout_s=1200, loopback_supernodes=True
+    )
     started = time.monotonic()
 
     result = fault_soak.run_soak(opts)
