@@ -22,15 +22,15 @@ import shutil
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-import torch
-from safetensors.torch import load_file
+from typing import TYPE_CHECKING, Any
 
 from dept.config import ConfigError, DeptConfig, to_run_config
 from dept.model.families import model_choice
 from dept.state.files import file_sha256, replace_dir, save_tensors
 from dept.state.strict_json import dumps
+
+if TYPE_CHECKING:  # dept run reads a checkpoint's JSON to resume without torch (a second)
+    import torch
 
 log = logging.getLogger(__name__)
 CHECKPOINTS = "checkpoints"
@@ -175,6 +175,8 @@ def _load(path: Path) -> Checkpoint:
         raise ValueError(f"{STATE_FILE} lacks {', '.join(missing)}")
     if path.name != f"round-{state['round']:04d}":
         raise ValueError(f"{STATE_FILE} says round {state['round']}, its folder {path.name}")
+    from safetensors.torch import load_file
+
     return Checkpoint(int(state["round"]), load_file(str(path / TENSORS_FILE)), state, path)
 
 

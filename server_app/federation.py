@@ -30,7 +30,7 @@ from dept.data.sources import run_sources
 from dept.model.variants import variant
 from dept.paths import resolve_path
 from dept.state.lock import exclusive_folder
-from dept.train.budget import Device, check_server_fits, shared_vocab_size
+from dept.train.budget import check_server_fits, machine_memory, shared_vocab_size
 from dept.train.local import max_span_update
 from dept.train.sharing import initial_tensors
 from dept_strategy.identity import load_source_keys
@@ -72,7 +72,7 @@ def run_federation(grid: Grid, run_config: Mapping[str, Any]) -> RunResult:
     (:mod:`dept.state.lock`)."""
     cfg = load_config(run_config)
     declared = {s.name for s in run_sources(cfg)}  # parses and validates the sources file
-    check_server_fits(cfg, shared_vocab_size(cfg), Device.here("cpu").memory)
+    check_server_fits(cfg, shared_vocab_size(cfg), machine_memory())
     out_dir = resolve_path(cfg.output_dir)
     with exclusive_folder(out_dir):
         try:

@@ -24,10 +24,11 @@ from dept.train.budget import (
     check_server_fits,
     check_source_fits,
     gb,
+    machine_memory,
     server_need,
     shared_vocab_size,
 )
-from dept.train.devices import resolve_device
+from dept.train.device_kind import accelerator_possible, device_kind
 
 RAY_GPU_UNITS = 10_000  # Ray counts GPU fractions in steps of 1e-4
 
@@ -70,7 +71,7 @@ def client_share(num_clients: int, gpus: float, visible: int, cores: int) -> Cli
 
 def visible_gpus(cfg: DeptConfig) -> int:
     """GPUs this run's clients may share: none where the run trains on the CPU."""
-    if cfg.device in ("cpu", "mps"):
+    if cfg.device in ("cpu", "mps") or not accelerator_possible():
         return 0
     import torch
 
@@ -115,8 +116,9 @@ def check_fits_here(cfg: DeptConfig, sources: list[SourceSpec]) -> None:
             "its GPU share as its only visible GPU (cuda:0): use 'cuda' or 'auto' (cuda:N is "
             "for a SuperNode's node config)"
         )
-    check_server_fits(cfg, shared_vocab_size(cfg), Device.here("cpu").memory)
-    device = Device.here(resolve_device(cfg.device).type)
+    check_server_fits(cfg, shared_vocab_size(cfg), machine_memory())
+    # a CPU at its peak on every core: the round-time check stays a lower bound
+    device = Device.here(device_kind(cfg.device), cpu_threads=machine_cores())
     if device.kind == "cpu":  # one machine's memory holds the server and a training client
         server = server_need(cfg, shared_vocab_size(cfg))
         beside = f"the server's {gb(server)}"

@@ -340,10 +340,14 @@ class DeptConfig:
         check_values(self)
 
     def _check_model(self) -> None:
-        from dept.model.families import build_config  # late import: model pulls in torch
+        """The ``model`` value names a family's preset or a config file it can build: a
+        preset is checked by name (its HF config, built with any ``seq-len``, always holds;
+        importing the config class takes seconds), a config file by building its config."""
+        from dept.model.families import build_config, model_choice
 
         try:
-            build_config(self.model, 512, self.seq_len, self.tie_embeddings)
+            if model_choice(self.model).from_file:
+                build_config(self.model, 512, self.seq_len, self.tie_embeddings)
         except ValueError as exc:
             raise ConfigError(f"config key 'model': {exc}") from exc
 

@@ -18,8 +18,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import transformers
-
 from dept.paths import resolve_path
 
 if TYPE_CHECKING:
@@ -131,10 +129,14 @@ class Family:
 
     @property
     def config_class(self) -> type[PretrainedConfig]:
+        import transformers  # late: its import alone takes a second that checks never need
+
         return getattr(transformers, self.config_class_name)
 
     @property
     def model_class(self) -> type[PreTrainedModel]:
+        import transformers
+
         return getattr(transformers, self.model_class_name)
 
 
@@ -263,8 +265,11 @@ def family_of(model: PreTrainedModel) -> Family:
 
 @functools.cache  # asked for every reply a client sends (its embedding_params)
 def model_width(name: str) -> int:
-    """Hidden size C of ``name``: the width of every φ and ψ row."""
+    """Hidden size C of ``name``: the width of every φ and ψ row (a preset's own, without
+    importing its config class: sizing a run before it starts needs it)."""
     choice = model_choice(name)
+    if choice.size is not None:
+        return choice.size.hidden_size
     return int(choice.family.config_class(**choice.settings).hidden_size)
 
 
@@ -274,5 +279,7 @@ def position_count(name: str, max_seq_len: int) -> int:
     choice = model_choice(name)
     if choice.family.positions is None:
         return 0
+    if not choice.from_file:  # a preset holds as many positions as the run's context
+        return max_seq_len * model_width(name)
     config = build_config(name, 512, max_seq_len, True)
     return int(getattr(config, choice.family.max_positions_key)) * model_width(name)

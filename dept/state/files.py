@@ -16,14 +16,17 @@ import shutil
 import stat
 import threading
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
-from safetensors.torch import save_file
+if TYPE_CHECKING:  # dept run's checks use this module's file helpers without torch (a second)
+    import torch
 
 
 def save_tensors(tensors: dict[str, torch.Tensor], path: Path) -> None:
     """``tensors`` (moved to the CPU, made contiguous) as a safetensors file at ``path``,
     written atomically (safetensors' own rename) with the mode of :func:`new_file_mode`."""
+    from safetensors.torch import save_file
+
     save_file({k: v.detach().cpu().contiguous() for k, v in tensors.items()}, str(path))
     path.chmod(new_file_mode(path.parent))
 

@@ -20,8 +20,6 @@ import functools
 import os
 from dataclasses import dataclass
 
-import torch
-
 from dept.config import MIN_VOCAB_SIZE, ConfigError, DeptConfig, snake
 from dept.data.sources import SourceSpec
 from dept.model.outer_optimizers import OUTER_OPTIMIZERS
@@ -44,15 +42,27 @@ class Device:
     beside: str = ""  # what else holds this memory, said in an error ("the server's 9.9 GB")
 
     @classmethod
-    def here(cls, kind: str) -> Device:
-        """This machine's ``kind`` device: ``cuda``/``mps`` memory of device 0, else RAM."""
-        if kind == "cuda" and torch.cuda.is_available():
-            memory = float(torch.cuda.get_device_properties(0).total_memory)
-            return cls(kind, memory, PEAK_FLOPS["cuda"])
-        ram = float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    def here(cls, kind: str, cpu_threads: int = 0) -> Device:
+        """This machine's ``kind`` device: ``cuda``/``mps`` memory of device 0, else RAM; a
+        CPU's peak from ``cpu_threads``, or where 0 from torch's threads as set."""
+        if kind == "cuda":
+            import torch  # late: dept run's checks of a CPU run need none of it
+
+            if torch.cuda.is_available():
+                memory = float(torch.cuda.get_device_properties(0).total_memory)
+                return cls(kind, memory, PEAK_FLOPS["cuda"])
         if kind == "mps":
-            return cls(kind, ram, PEAK_FLOPS["mps"])
-        return cls("cpu", ram, torch.get_num_threads() * PEAK_FLOPS_PER_CPU_THREAD)
+            return cls(kind, machine_memory(), PEAK_FLOPS["mps"])
+        if not cpu_threads:
+            import torch
+
+            cpu_threads = torch.get_num_threads()
+        return cls("cpu", machine_memory(), cpu_threads * PEAK_FLOPS_PER_CPU_THREAD)
+
+
+def machine_memory() -> float:
+    """This machine's RAM, bytes."""
+    return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
 
 
 @functools.cache
@@ -64,6 +74,8 @@ def body_params(model: str) -> int:
     choice = model_choice(model)
     if choice.size is not None:
         return choice.family.body_size(choice.size)
+    import torch
+
     from dept.model.build import build_model
     from dept.model.roles import body_parameters
 

@@ -10,8 +10,8 @@ from transformers import GPT2Config
 from dept.config import ConfigError, load_config
 from dept.data.sources import parse_source, run_sources
 from dept.model.build import build_model
-from dept.model.families import FAMILIES
-from dept.model.roles import body_parameters, body_state
+from dept.model.families import FAMILIES, model_width, position_count
+from dept.model.roles import body_parameters, body_state, position_parameters
 from dept.train.budget import Device, body_params, check_client_fits, check_server_fits
 from server_app import sizing
 from tests.helpers import debug_run_config
@@ -26,12 +26,16 @@ def test_body_params_count_the_real_body() -> None:
 
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))
-def test_each_presets_formula_counts_the_body_it_builds(family: str) -> None:
+def test_each_presets_formulas_count_the_model_it_builds(family: str) -> None:
     for size in FAMILIES[family].sizes:
+        name = f"{family}:{size}"
         with torch.device("meta"):
-            built = build_model(f"{family}:{size}", 300, 8)
+            built = build_model(name, 300, 8)
         counted = sum(p.numel() for p in body_parameters(built).values())
-        assert body_params(f"{family}:{size}") == counted, size
+        assert body_params(name) == counted, size
+        assert model_width(name) == built.get_input_embeddings().embedding_dim, size
+        positions = sum(p.numel() for p in position_parameters(built).values())
+        assert position_count(name, 8) == positions, size
 
 
 def test_a_config_files_body_is_counted_on_the_model_it_builds(tmp_path: Path) -> None:
@@ -109,7 +113,7 @@ def test_a_simulation_on_the_cpu_counts_the_server_beside_its_client(
 ) -> None:
     """1.3b at one micro-batch: a client (19.8 GB) fits 25 GB alone, not beside the server."""
     machine = Device("cpu", memory=25e9, peak_flops=1e15)
-    monkeypatch.setattr(Device, "here", classmethod(lambda cls, kind: machine))
+    monkeypatch.setattr(Device, "here", classmethod(lambda cls, kind, cpu_threads=0: machine))
     cfg = load_config(
         debug_run_config(
             tmp_path,

@@ -14,7 +14,7 @@ from client_app import app as client_app
 from client_app import tasks
 from client_app.node import node_setup, served_sources
 from dept.config import ConfigError, load_config
-from dept.train import devices
+from dept.train import device_kind, devices
 from tests.helpers import debug_run_config
 
 
@@ -47,6 +47,31 @@ def test_cuda_without_a_gpu_is_an_error_not_a_cpu_run(monkeypatch: pytest.Monkey
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(ConfigError, match="'cuda' but 0 CUDA device"):
         devices.resolve_device("cuda")
+
+
+def test_a_device_kind_is_torch_s_choice_and_needs_no_torch_without_gpu_files(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name in ("auto", "cpu"):  # this machine, as torch sees it
+        assert device_kind.device_kind(name) == devices.resolve_device(name).type
+    monkeypatch.setattr(device_kind.sys, "platform", "linux")
+    monkeypatch.setattr(device_kind, "GPU_DEVICE_FILES", (str(tmp_path / "nvidia[0-9]*"),))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # never asked
+    assert not device_kind.accelerator_possible()
+    assert [device_kind.device_kind(n) for n in ("auto", "cpu", "mps")] == ["cpu", "cpu", "mps"]
+
+    (tmp_path / "nvidia0").touch()  # a driver's device file: torch decides
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    assert device_kind.accelerator_possible() and device_kind.device_kind("auto") == "cuda"
+
+
+def test_cuda_on_a_machine_without_gpu_files_is_refused_by_torch_s_check(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(device_kind, "GPU_DEVICE_FILES", (str(tmp_path / "none"),))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ConfigError, match="'cuda' but 0 CUDA device"):
+        device_kind.device_kind("cuda")
 
 
 @pytest.mark.parametrize("name", ["gpu", "cuda:", "cuda:-1", "CPU", "cuda:0 "])
