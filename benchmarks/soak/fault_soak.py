@@ -58,6 +58,9 @@ RESUMED = re.compile(r"resuming run \S+ after round (\d+)")
 # (server_app.nudges): one CI soak stalled a round without that (stop 59).
 NODE_EXECUTOR = ("dept", "superexec")
 DISK_SIZE = "64m"  # each small disk: a node's state, the server's output
+MIN_TIMEOUT_S = 1800.0
+# The hundred-fault soak took 42 s a fault (70 min); one past twice that has stopped moving.
+TIMEOUT_S_PER_FAULT = 90.0
 FILLER = ".filler"  # what fills one (benchmarks.soak.faults.fill)
 
 
@@ -74,7 +77,7 @@ class Options:
     # same faults, found three times sooner; the long soak runs Flower's own
     loopback_supernodes: bool = False
     kinds: tuple[str, ...] = inject.KINDS
-    timeout_s: float = 1800.0
+    timeout_s: float = MIN_TIMEOUT_S
     full_s: float = 20.0  # how long a node's state disk stays full
     # fault-free runs under seeds 0, 1, ..., their spread recorded beside the result
     reference_seeds: int = 0
@@ -434,7 +437,13 @@ def arguments() -> argparse.ArgumentParser:
     )
     parser.add_argument("--full-s", type=float, default=20.0, help="a node's disk full this long")
     parser.add_argument("--kinds", default=",".join(inject.KINDS), help="comma-separated")
-    parser.add_argument("--timeout-s", type=float, default=1800.0)
+    parser.add_argument(
+        "--timeout-s",
+        type=float,
+        default=None,
+        help=f"give up after this long (default: {MIN_TIMEOUT_S:.0f} s, or "
+        f"{TIMEOUT_S_PER_FAULT:.0f} s a fault where that is more)",
+    )
     parser.add_argument(
         "--reference-seeds",
         type=int,
@@ -466,6 +475,8 @@ def main(argv: list[str] | None = None) -> int:
         "full_s",
         "loopback_supernodes",
     )
+    if args.timeout_s is None:
+        args.timeout_s = max(MIN_TIMEOUT_S, TIMEOUT_S_PER_FAULT * args.faults)
     opts = Options(kinds=kinds, **{k: getattr(args, k) for k in named})
     result = run_soak(opts)
     write(result, args.out)
