@@ -49,8 +49,9 @@ STARTED_ON_CORPORA = f"{STARTED} (where ../shared/corpora is: a fresh clone skip
 
 # Why an example is not run by a test in CI, by kind.
 LONG = (
-    "not in CI: a 60-round soak, longer than CI's 25 minutes, that empties the shared "
-    "/tmp/soak it names (its 10-fault form runs whole)"
+    "tests/benchmarks/test_fault_soak.py::test_the_long_soak_as_printed_loses_nothing runs it "
+    "where DEPT_LONG_SOAK=1 is set, not in CI (the 100-fault soak takes over an hour): the "
+    "same options, its folders the test's own, not the shared /tmp/soak"
 )
 DOCKER = (
     "not in CI: Docker's CLI, and images from Docker Hub (flwr/<role>:1.42.0) that cannot be "

@@ -22,6 +22,8 @@ from benchmarks.soak import reference as soak_reference
 from benchmarks.soak import report as soak_report
 from benchmarks.soak.watch import Fault, Rounds
 from client_app.warm import file_lock
+from tests.command_examples import ROOT, all_examples
+from tests.helpers import with_venv_on_path
 
 NOW = 1000.0
 
@@ -219,6 +221,29 @@ def test_a_short_soak_of_ten_faults_loses_nothing(tmp_path: Path) -> None:
     assert len(result["faults"]) >= 10
     assert set(result["by_kind"]) == set(result["kinds"]), "every kind was injected"
     assert set(result["kinds"]) == set(inject.KINDS) or "disks" in result, "or it says why not"
+    assert not any(result["checks"].values()), result["checks"]
+
+
+LONG_SOAK = "python -m benchmarks.soak.fault_soak --work /tmp/soak --rounds 60 --faults 100"
+LONG_SOAK_VARIABLE = "DEPT_LONG_SOAK"
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    not os.environ.get(LONG_SOAK_VARIABLE),
+    reason=f"the hundred-fault soak takes over an hour: {LONG_SOAK_VARIABLE}=1 runs it",
+)
+@pytest.mark.timeout(int(fault_soak.TIMEOUT_S_PER_FAULT * 100 + 900))  # its own limit first
+def test_the_long_soak_as_printed_loses_nothing(tmp_path: Path) -> None:
+    assert LONG_SOAK in all_examples(), "the docs' long soak is this one"
+    work, out = tmp_path / "soak", tmp_path / "out"  # the shared /tmp/soak and the results'
+    command = f"{LONG_SOAK.replace('/tmp/soak', str(work))} --out {out}"
+
+    subprocess.run(command, shell=True, cwd=ROOT, env=with_venv_on_path(), check=True)
+
+    result = json.loads((out / "fault_soak.json").read_text())
+    assert len(result["faults"]) >= 100 and result["options"]["rounds"] == 60
+    assert set(result["by_kind"]) == set(result["kinds"]), "every kind was injected"
     assert not any(result["checks"].values()), result["checks"]
 
 
