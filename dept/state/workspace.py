@@ -196,18 +196,21 @@ class Workspace:
             or kept.attempt == attempt.id
         )
 
-    def save_state(self, server_round: int, state: SourceState) -> None:
-        """Write the state after ``server_round`` (atomically), keep the last few. With
-        :attr:`write_behind` the files are written by a thread while the caller goes on (a
-        worker killed before they are complete loses this round's state: the next round
-        falls back to the one before and says so)."""
+    def save_state(self, server_round: int, state: SourceState, base: int | None = None) -> None:
+        """Write the state after ``server_round`` (atomically), keep the last few and the
+        state of round ``base``, the one this round started from: it is the server's view of
+        the source until the server takes a newer update, so a node whose replies are
+        refused for more rounds than it keeps (a server out of disk) still goes on from it.
+        With :attr:`write_behind` the files are written by a thread while the caller goes
+        on (a worker killed before they are complete loses this round's state: the next
+        round falls back to the one before and says so)."""
         if not self.write_behind:
-            self._write_state(server_round, state)
+            self._write_state(server_round, state, base)
             return
-        write = functools.partial(self._write_state, server_round, state)
+        write = functools.partial(self._write_state, server_round, state, base)
         self._behind.start(write, state, name=f"state-{self.dir.name}-{server_round}")
 
-    def _write_state(self, server_round: int, state: SourceState) -> None:
+    def _write_state(self, server_round: int, state: SourceState, base: int | None) -> None:
         tmp = self.dir / f".tmp-round-{server_round:04d}"
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
@@ -229,7 +232,7 @@ class Workspace:
         }
         (tmp / PROGRESS_FILE).write_text(json.dumps(progress))
         replace_dir(tmp, self._round_dir(server_round))
-        stale = self._saved_rounds()[:-KEEP_ROUNDS]
+        stale = [r for r in self._saved_rounds()[:-KEEP_ROUNDS] if r != base]
         if stale:
             _atomic(self.dir / PRUNED_FILE, lambda t: t.write_text(json.dumps(max(stale))))
         for old in stale:

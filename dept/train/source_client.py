@@ -307,6 +307,7 @@ class SourceClient:
                     body_files(base, local) if fragments else {},
                     fragments.versions if fragments else (),
                 ),
+                base=state.server_round if state is not None else None,
             )
         result = RoundResult(delta, payload, stats, event, metrics=self._row_sizes(delta, seen))
         return self._with_drift(result, base, server_round, attempt) if drift else result

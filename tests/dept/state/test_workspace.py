@@ -46,6 +46,21 @@ def test_the_newest_state_before_a_round_is_loaded_and_old_ones_are_pruned(
     assert Workspace(tmp_path, "run", "other").load_state(before_round=9).state is None
 
 
+def test_the_state_a_round_started_from_outlives_refused_rounds_past_the_kept_few(
+    tmp_path: Path,
+) -> None:
+    # the server took round 21 and then refused every reply (its disk full): each round
+    # starts from 21's state again, and that state is kept however many rounds go by
+    ws = Workspace(tmp_path, "run", "src")
+    ws.save_state(21, _state(21), base=20)
+    for server_round in range(22, 22 + KEEP_ROUNDS + 2):
+        ws.save_state(server_round, _state(server_round), base=21)
+
+    kept = ws.load_state(before_round=22).state
+    assert kept is not None and kept.server_round == 21
+    assert len(list(ws.dir.glob("round-*"))) == KEEP_ROUNDS + 1
+
+
 def test_state_a_crashed_attempt_left_beyond_the_resume_point_is_dropped(
     tmp_path: Path,
 ) -> None:

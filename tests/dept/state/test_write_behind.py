@@ -21,9 +21,9 @@ def _held_writes(ws: Workspace, monkeypatch: pytest.MonkeyPatch) -> threading.Ev
     """Make ``ws``'s writes wait until the returned event is set."""
     go_on, write = threading.Event(), ws._write_state
 
-    def held(server_round: int, state: object) -> None:
+    def held(server_round: int, state: object, base: int | None) -> None:
         assert go_on.wait(10), "the write was never let go on"
-        write(server_round, state)  # type: ignore[arg-type]
+        write(server_round, state, base)  # type: ignore[arg-type]
 
     monkeypatch.setattr(ws, "_write_state", held)
     return go_on
@@ -83,10 +83,10 @@ def test_a_failed_write_falls_back_to_the_state_before_and_says_why(
     ws.save_state(1, _state(1))
     write = ws._write_state
 
-    def full_disk(server_round: int, state: object) -> None:
+    def full_disk(server_round: int, state: object, base: int | None) -> None:
         if server_round == 2:
             raise OSError(28, "No space left on device")
-        write(server_round, state)  # type: ignore[arg-type]
+        write(server_round, state, base)  # type: ignore[arg-type]
 
     monkeypatch.setattr(ws, "_write_state", full_disk)
     ws.save_state(2, _state(2))
