@@ -35,6 +35,9 @@ from dept_strategy.validation import (
     reply_source,
 )
 
+# a reply the server could not write to its own disk: the round cannot stand without it
+NOT_KEPT = "the server could not keep it on disk"
+
 ExpectedShapes = Callable[[str], tuple[dict[str, tuple[int, ...]], ReplyRows | None]]
 
 
@@ -172,9 +175,9 @@ class Replies:
         except RejectedReply as exc:
             self.rejected(target, str(exc))
             return None
-        except OSError as exc:  # a full disk costs this reply, not the round
+        except OSError as exc:  # the run stops after the round (server_app.no_progress)
             full = f"; {disk_note(rules.spool.folder)}" if no_space(exc) else ""
-            self.rejected(target, f"the server could not keep it on disk ({exc}{full})")
+            self.rejected(target, f"{NOT_KEPT} ({exc}{full})")
             return None
         by_count = rules.row_weight == "occurrences"
         row_weights = checked.counts if by_count else None

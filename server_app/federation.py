@@ -48,7 +48,7 @@ from server_app.checkpoint import (
     no_checkpoint,
     save_checkpoint,
 )
-from server_app.no_progress import dead_worker, nothing_trained
+from server_app.no_progress import dead_worker, nothing_trained, server_disk_full
 from server_app.nudges import NodesBehind
 from server_app.report import RunReport
 from server_app.run_status import ERROR_LOG, write_failed, write_finished
@@ -147,6 +147,9 @@ def _rounds(
     server_round, tries = done + 1, 0
     while server_round <= cfg.num_server_rounds:
         updated = exchanges.train(server_round) if server_round > 0 else None
+        lost = strategy.history.at(server_round).rejected if server_round > 0 else []
+        if full := server_disk_full(server_round, lost):
+            raise full  # a round of the replies that fitted is not a round
         why = strategy.why_nothing_trained(server_round) if server_round > 0 else None
         if why is not None:  # no round: not evaluated nor checkpointed (server_app.no_progress)
             if died := dead_worker(server_round, strategy.history.at(server_round).failed):

@@ -8,6 +8,12 @@ and free space by whoever was writing, :mod:`dept.state.disks`). ``dept run`` ad
 command that resumes after the last checkpointed round, which redoes the rounds that
 trained nothing.
 
+A reply the server could not write to its own disk (its spool, in ``output-dir``) is no
+node's fault, and a round made of the replies that happened to fit would train the sources
+the disk's free bytes picked, round after round, while the disk stays full: the run stops
+with :class:`ServerDiskFull` before the round is evaluated or checkpointed, naming the disk,
+and a resumed run redoes the round once there is space.
+
 A simulation worker (a Ray actor) that died is not replaced by Flower 1.42: every later
 message to the nodes it ran fails ("The actor is dead ..."), so the run would go on with
 fewer and fewer sources and end as if it had finished. The round in which one died is
@@ -19,6 +25,7 @@ from __future__ import annotations
 
 import re
 
+from dept_strategy.replies import NOT_KEPT
 from server_app.run_status import RunFailed
 
 # how Ray says a worker is gone, in the reasons of the error replies it makes
@@ -56,4 +63,22 @@ def dead_worker(server_round: int, failures: list[dict[str, str]]) -> WorkerDied
     return WorkerDied(
         f"a simulation worker died in round {server_round}{which}: "
         f"{dead[0]['reason'].split('. ')[0]}; a resumed run starts with fresh workers"
+    )
+
+
+class ServerDiskFull(RunFailed):
+    """Replies the server could not keep on its own disk; the message is the line to show."""
+
+
+def server_disk_full(server_round: int, rejected: list[dict[str, str]]) -> ServerDiskFull | None:
+    """The error that stops a run whose round ``server_round`` refused a reply for want of
+    the server's own disk (``rejected``: the round's refused replies); None otherwise."""
+    lost = [r for r in rejected if r.get("reason", "").startswith(NOT_KEPT)]
+    if not lost:
+        return None
+    sources = ", ".join(sorted({r.get("source", "?") for r in lost}))
+    return ServerDiskFull(
+        f"round {server_round}: {NOT_KEPT}, the reply of {sources} "
+        f"{lost[0]['reason'].removeprefix(NOT_KEPT).strip()}; the round is not kept, and a "
+        "resumed run redoes it once there is space"
     )

@@ -4,9 +4,11 @@ and resumes once there is space, redoing the rounds that trained nothing."""
 
 from __future__ import annotations
 
+import errno
 from collections.abc import Iterable
 from pathlib import Path
 
+import numpy as np
 import pytest
 from flwr.app import Message, MessageType
 
@@ -14,10 +16,11 @@ from benchmarks.soak.faults import fill
 from client_app.app import app as client_app
 from dept.state.jsonl import read_lines
 from dept.wire import keys
+from dept_strategy.spool import RoundSpool
 from server_app.checkpoint import load_latest
 from server_app.federation import run_federation
 from server_app.local_grid import LocalGrid
-from server_app.no_progress import NothingTrained
+from server_app.no_progress import NothingTrained, ServerDiskFull
 from server_app.run_status import read_status
 from tests.helpers import debug_run_config, share_cache, small_disk, synthetic_sources
 
@@ -81,11 +84,11 @@ def test_a_full_output_folder_names_its_disk_keeps_whole_lines_and_resumes(
         config = _config(tmp_path, **{"output-dir": str(out)})
         share_cache(Path(config["state-dir"]), node_cache)
         grid = FillingGrid(client_app, NODES, config, folder=out, at=2)
-        with pytest.raises(NothingTrained) as stopped:
+        with pytest.raises(ServerDiskFull) as stopped:
             run_federation(grid, config)
         line = str(stopped.value)
-        assert "the server could not keep it on disk" in line
-        assert f"the disk of {out}" in line
+        assert line.startswith("round 2: the server could not keep it on disk, the reply of ")
+        assert f"the disk of {out}" in line and line.endswith("once there is space")
         lines = read_lines(out / "metrics.jsonl")
         assert "torn" not in caplog.text, "every line whole"
         assert [r["round"] for r in lines] == [0, 1]
@@ -94,3 +97,32 @@ def test_a_full_output_folder_names_its_disk_keeps_whole_lines_and_resumes(
         latest = load_latest(out)
         assert latest is not None and latest.server_round == 1, "it verifies"
         assert _resume_after_freeing(config, grid.filler) == [0, 1, 2, 3]
+
+
+def test_a_round_whose_reply_did_not_fit_the_servers_disk_is_not_kept(
+    tmp_path: Path, node_cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the disk nearly full: one of round 2's replies fits, the other does not. The round
+    # would stand on whichever fitted (a long soak trained 34 rounds so); it is not kept.
+    config = _config(tmp_path)
+    share_cache(Path(config["state-dir"]), node_cache)
+    write, writes = RoundSpool.write, []
+
+    def nearly_full(self: RoundSpool, tensors: Iterable[tuple[str, np.ndarray]]):
+        writes.append(self.folder)
+        if len(writes) == 4:  # round 1's two replies, then round 2's second
+            raise OSError(errno.ENOSPC, "No space left on device", str(self.folder))
+        return write(self, tensors)
+
+    monkeypatch.setattr(RoundSpool, "write", nearly_full)
+    with pytest.raises(ServerDiskFull, match=r"^round 2: the server could not keep it on disk"):
+        run_federation(LocalGrid(client_app, NODES, config), config)
+    out = Path(config["output-dir"])
+    assert [r["round"] for r in read_lines(out / "metrics.jsonl")] == [0, 1]
+    latest = load_latest(out)
+    assert latest is not None and latest.server_round == 1
+
+    monkeypatch.setattr(RoundSpool, "write", write)
+    resumed = {**config, "resume": True}
+    run_federation(LocalGrid(client_app, NODES, resumed), resumed)
+    assert [r["round"] for r in read_lines(out / "metrics.jsonl")] == [0, 1, 2, 3]

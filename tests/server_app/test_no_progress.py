@@ -70,11 +70,11 @@ def _fill_state_disk(monkeypatch: pytest.MonkeyPatch, from_round: int, times: fl
     failed: list[int] = []
     write = Workspace._write_state
 
-    def full(self: Workspace, server_round: int, state: object) -> None:
+    def full(self: Workspace, server_round: int, state: object, base: int | None) -> None:
         if server_round >= from_round and len(failed) < times:
             failed.append(server_round)
             raise OSError(errno.ENOSPC, "No space left on device", str(self.dir))
-        write(self, server_round, state)  # type: ignore[arg-type]
+        write(self, server_round, state, base)  # type: ignore[arg-type]
 
     monkeypatch.setattr(Workspace, "_write_state", full)
     return failed
