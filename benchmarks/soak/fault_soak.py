@@ -403,6 +403,7 @@ def run_soak(opts: Options) -> dict[str, Any]:
         "fresh_starts": {s: m["fresh_starts"] for s, m in summary["sources"].items()},
         "checks": {
             "all_rounds": [] if summary["rounds"] == opts.rounds else [f"{summary['rounds']}"],
+            "all_faults": too_few_faults(len(rows), opts),
             "unrecovered": [f"{r['kind']} {r['target']}" for r in rows if r["recovery_s"] is None],
             "state_events": checks.unexplained_state_events(summary, soak.injected),
             "result": off,
@@ -411,6 +412,17 @@ def run_soak(opts: Options) -> dict[str, Any]:
         "kinds": list(soak.kinds),
         **({"disks": soak.no_disks} if soak.no_disks else {}),
     }
+
+
+def too_few_faults(injected: int, opts: Options) -> list[str]:
+    """The run ends the soak: one that finished before every fault asked for was injected
+    soaked less than it says, and this says by how much and what to give it."""
+    if injected >= opts.faults:
+        return []
+    return [
+        f"{injected} of {opts.faults} faults injected before the run's {opts.rounds} rounds "
+        "were done: give it more --rounds"
+    ]
 
 
 def arguments() -> argparse.ArgumentParser:

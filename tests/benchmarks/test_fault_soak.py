@@ -224,6 +224,15 @@ def test_a_short_soak_of_ten_faults_loses_nothing(tmp_path: Path) -> None:
     assert not any(result["checks"].values()), result["checks"]
 
 
+def test_a_run_that_ends_before_every_fault_is_in_fails_the_soak_and_says_what_to_give() -> None:
+    opts = fault_soak.Options(Path("w"), rounds=60, faults=100)
+
+    assert fault_soak.too_few_faults(100, opts) == []
+    assert fault_soak.too_few_faults(48, opts) == [
+        "48 of 100 faults injected before the run's 60 rounds were done: give it more --rounds"
+    ]
+
+
 LONG_SOAK = "python -m benchmarks.soak.fault_soak --work /tmp/soak --rounds 60 --faults 100"
 LONG_SOAK_VARIABLE = "DEPT_LONG_SOAK"
 
