@@ -33,7 +33,9 @@ from __future__ import annotations
 import secrets
 from dataclasses import dataclass
 
+import dp_accounting
 import torch
+from dp_accounting.rdp import RdpAccountant
 
 from dept.config.checks import check_range
 
@@ -61,9 +63,6 @@ class CentralPrivacy:
         """ε after ``rounds`` released updates, at ``delta`` (0 before any)."""
         if rounds <= 0:
             return 0.0
-        import dp_accounting  # late: half a second of every ServerApp start, for DP runs only
-        from dp_accounting.rdp import RdpAccountant
-
         accountant = RdpAccountant(list(RDP_ORDERS))
         accountant.compose(dp_accounting.GaussianDpEvent(self.noise_multiplier), rounds)
         return float(accountant.get_epsilon(self.delta))
