@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -23,6 +24,12 @@ REAL_VISIBLE = os.environ.get(VISIBLE)
 
 def pytest_configure(config: pytest.Config) -> None:
     give_worker_its_ports()
+    # A suite started as a background job by a shell without job control (`bash .ci/run &`)
+    # inherits SIGINT ignored, and so does every process its tests start; Python then leaves
+    # it ignored, and each test's Ctrl-C of a run does nothing. A handler set here is reset
+    # to the default in every process started after it, as a terminal's would be.
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
