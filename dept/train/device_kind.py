@@ -24,8 +24,10 @@ def accelerator_possible() -> bool:
 def device_kind(name: str) -> str:
     """``cuda``, ``mps`` or ``cpu``: what ``name`` (a checked ``device`` value) trains on
     here; a ``ConfigError`` for a GPU that is not there, as :func:`resolve_device` gives."""
-    if name in ("cpu", "mps") or (name == "auto" and not accelerator_possible()):
-        return "cpu" if name == "auto" else name
+    if name in ("cpu", "mps"):
+        return name
+    if name == "auto" and not accelerator_possible():
+        return "cpu"
     from dept.train.devices import resolve_device
 
     return resolve_device(name).type
