@@ -73,6 +73,7 @@ class DeptStrategy(Strategy):
         self.outer, self.settings = outer, settings
         self.run_id, self.embedding_names = settings.run_id, settings.embedding_names
         self.spool_dir = settings.spool_dir
+        self._own_spool: tempfile.TemporaryDirectory[str] | None = None  # removed with self
         self.reference: UpdateStats | None = None  # the last accepted round's median sizes
         self.in_flight = InFlight()
         self.attempt = uuid.uuid4().hex[:12]
@@ -375,7 +376,8 @@ class DeptStrategy(Strategy):
 
     def _spool(self, server_round: int) -> Path:
         if self.spool_dir is None:
-            self.spool_dir = Path(tempfile.mkdtemp(prefix="dept-spool-"))
+            self._own_spool = tempfile.TemporaryDirectory(prefix="dept-spool-")
+            self.spool_dir = Path(self._own_spool.name)
         return self.spool_dir / f"round-{server_round:04d}"
 
     def _units(self, server_round: int, max_weight: float) -> dict[str, float]:

@@ -1,5 +1,6 @@
 """DeptStrategy against mock replies: sampling, aggregation, credit, evaluation."""
 
+import gc
 import math
 
 import numpy as np
@@ -51,6 +52,21 @@ def test_aggregates_good_replies_and_drops_bad_ones() -> None:
     assert strategy.history.comm.bytes_up == sum(
         r.content.array_records[keys.ARRAYS].count_bytes() for r in replies[:7]
     )
+
+
+def test_a_spool_the_strategy_made_itself_goes_with_it() -> None:
+    # Prepare: no spool folder set, as in a strategy made outside a run
+    strategy = mock_strategy()
+    strategy.aggregate_train(
+        1, [train_reply(strategy, 1, {"a": np.ones((2, 3), np.float32)}, 1, "s")]
+    )
+    spool = strategy.spool_dir
+    assert spool is not None and spool.is_dir()
+    # Execute
+    del strategy
+    gc.collect()
+    # Assert: nothing left behind in the temporary folder
+    assert not spool.exists()
 
 
 def test_no_usable_reply_leaves_the_body_unchanged() -> None:
