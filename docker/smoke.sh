@@ -158,13 +158,16 @@ print(f"  {len(trained)} sources trained; average validation bits per byte {befo
 PY
 }
 
-check_comeback() { # check_comeback SOURCE: lost in round 2, trained again in round 3
+check_comeback() { # check_comeback SOURCE: lost in round 2, trained again in round 3 or 4
     python3 - "$OUT/$PHASE/metrics.jsonl" "$1" <<'PY' || fail "$PHASE: metrics.jsonl"
 import json, sys
 rounds, source = [json.loads(line) for line in open(sys.argv[1])], sys.argv[2]
 assert source in {f["source"] for f in rounds[2]["failed"]}, rounds[2]
-assert rounds[3]["sources"][source]["tokens"] > 0, rounds[3]
-print(f"  {source}: lost in round 2, trained again in round 3")
+# Round 3 starts without the node where its containers are not back by then (recreating
+# them took over 50 s in one loaded CI run): it then answers within round 3 and trains in 4.
+again = [r["round"] for r in rounds[3:] if r["sources"].get(source, {}).get("tokens")]
+assert again, rounds[3:]
+print(f"  {source}: lost in round 2, trained again in round {again[0]}")
 PY
 }
 
@@ -231,15 +234,17 @@ tls_phase() {
         "$node1" "warm worker [0-9]+: serving /app/state/warm-worker"
     # Each step waits 0.25 s: a round trains 10 s, so the kill lands while node-1 trains,
     # not after it has saved round 2 (150 undelayed steps took under the 2 s poll here).
-    start_run 3 3 40 0.25
+    start_run 4 3 40 0.25
     check_outsider
 
     wait_for "$WAIT_S" "node-1 training in round 2" \
         logs_match "$node1" "round 2 $NODE1_SOURCE: step"
     compose "${args[@]}" kill supernode-1 superexec-clientapp-1 >/dev/null 2>&1
     log "tls: node-1 (SuperNode and executor) killed mid-round; recreating it"
+    local recreating=$SECONDS
     compose "${args[@]}" up -d --no-deps --force-recreate supernode-1 superexec-clientapp-1 \
         >>"$OUT/tls-up.log" 2>&1 || fail "tls: recreating node-1"
+    log "tls: node-1's containers recreated in $((SECONDS - recreating)) s"
     finish_run "${args[@]}"
 
     compose "${args[@]}" logs superexec-clientapp-1 >"$OUT/tls/node-1.log" 2>&1
