@@ -13,7 +13,8 @@
 #              pulled flwr/* and nginx images
 # SMOKE_OUT    where logs, summaries and build times are kept (default: a temporary folder)
 # SMOKE_WAIT_S the bound on each wait (default 900 s)
-# A torch wheel in docker/wheels/ (the newest, by name) is installed instead of the index's.
+# A torch wheel of the image's build in docker/wheels/ is installed instead of the index's
+# (superexec.Dockerfile).
 # Containers, networks and volumes are named dept-smoke-<pid>-*; the images keep their tags.
 set -euo pipefail
 
@@ -100,7 +101,7 @@ build() { # build IMAGE DOCKERFILE [BUILD-ARG...]: time and size go to builds.ts
 }
 
 build_images() {
-    local base=() wheel
+    local base=()
     : >"$OUT/builds.tsv"
     if [ -n "${PYTHON_BASE:-}" ]; then
         build dept-flower/flwr-base:1.42.0 flwr-base.Dockerfile "PYTHON_BASE=$PYTHON_BASE"
@@ -110,9 +111,9 @@ build_images() {
     fi
     build dept-flower/superlink:0.1.0 superlink.Dockerfile "${base[@]}"
     build dept-flower/supernode:0.1.0 supernode.Dockerfile "${base[@]}"
-    wheel=$(cd "$DOCKER/wheels" && find . -maxdepth 1 -name 'torch-*.whl' -printf '%f\n' | sort | tail -1)
-    [ -z "$wheel" ] || log "torch from docker/wheels/$wheel"
-    build dept-flower/superexec:0.1.0 superexec.Dockerfile "${base[@]}" "TORCH_WHEEL=$wheel"
+    # no TORCH_WHEEL: the image finds a wheel of its torch build in docker/wheels itself
+    build dept-flower/superexec:0.1.0 superexec.Dockerfile "${base[@]}"
+    log "$(grep -m1 -o 'torch from .*' "$OUT/build-superexec.log" || echo 'torch: cached layer')"
 }
 
 # --- a federation --------------------------------------------------------------------------

@@ -7,8 +7,10 @@ ARG BASE_IMAGE=flwr/superexec:1.42.0
 FROM ${BASE_IMAGE}
 
 # The torch build: from TORCH_INDEX, the CPU wheels by default, a CUDA index for the GPU
-# image (compose.gpu.yml); or, where that index cannot be reached (CI here), the wheel
-# docker/wheels/TORCH_WHEEL (smoke.sh passes the one it finds there).
+# image (compose.gpu.yml); or, where that index cannot be reached (CI here, a host offline),
+# a wheel in docker/wheels/: the one TORCH_WHEEL names, else the newest of TORCH_VERSION in
+# the index's own build (the index's last path part: torch-2.13.0+cpu-*.whl for the CPU
+# index, +cu128 for .../cu128), so a CPU wheel left there never goes into the GPU image.
 ARG TORCH_INDEX=https://download.pytorch.org/whl/cpu
 ARG TORCH_VERSION=2.13.0
 ARG TORCH_WHEEL=""
@@ -19,9 +21,12 @@ WORKDIR /app
 # mounted, not copied: it would stay in a layer beside the installed copy.
 # hadolint ignore=DL3013
 RUN --mount=type=bind,source=docker/wheels,target=/tmp/wheels \
-    if [ -n "${TORCH_WHEEL}" ]; then set -- "/tmp/wheels/${TORCH_WHEEL}"; \
+    build="${TORCH_INDEX%/}" && build="${build##*/}" && wheel="${TORCH_WHEEL}" \
+    && if [ -z "$wheel" ]; then for found in /tmp/wheels/torch-"${TORCH_VERSION}+${build}"-*.whl; do \
+        if [ -e "$found" ]; then wheel="${found##*/}"; fi; done; fi \
+    && if [ -n "$wheel" ]; then set -- "/tmp/wheels/$wheel"; \
     else set -- --index-url "${TORCH_INDEX}" "torch==${TORCH_VERSION}"; fi \
-    && python -m pip install --no-cache-dir "$@"
+    && echo "torch from $*" && python -m pip install --no-cache-dir "$@"
 
 # flwr itself is the image's (the same pinned version); the simulation extra (Ray) is not
 # needed in a deployment, so it is dropped before installing.
