@@ -164,8 +164,8 @@ check_comeback() { # check_comeback SOURCE: lost in round 2, trained again in ro
 import json, sys
 rounds, source = [json.loads(line) for line in open(sys.argv[1])], sys.argv[2]
 assert source in {f["source"] for f in rounds[2]["failed"]}, rounds[2]
-# Round 3 starts without the node where its containers are not back by then (recreating
-# them took over 50 s in one loaded CI run): it then answers within round 3 and trains in 4.
+# Round 3 starts without the node where its containers are not back by then (on one loaded
+# CI machine, recreating them outlasted round 2): it then answers within round 3, trains in 4.
 again = [r["round"] for r in rounds[3:] if r["sources"].get(source, {}).get("tokens")]
 assert again, rounds[3:]
 print(f"  {source}: lost in round 2, trained again in round {again[0]}")

@@ -50,7 +50,7 @@ STARTED_ON_CORPORA = f"{STARTED} (where ../shared/corpora is: a fresh clone skip
 # Why an example is not run by a test in CI, by kind.
 LONG = (
     "tests/benchmarks/test_fault_soak.py::test_the_long_soak_as_printed_loses_nothing runs it "
-    "where DEPT_LONG_SOAK=1 is set, not in CI (the 100-fault soak takes an hour; it passed on 7 December): the "
+    "where DEPT_LONG_SOAK=1 is set, not in CI (the 100-fault soak takes an hour): the "
     "same options, its folders the test's own, not the shared /tmp/soak"
 )
 DOCKER = (
