@@ -125,8 +125,16 @@ class Workspace:
         where it is the one the disk would give; ``consume``: the caller changes its tensors
         in place (the optimizer's moments), so the next load reads the files.
         """
-        failed = self._behind.wait()
-        unusable = [f"the newest state could not be written: {failed}"] if failed else []
+        failed, lost = self._behind.wait(), self._behind.lost
+        # a lost write counts only where its state is one this load could have given: not a
+        # round being re-run (or after it), nor a crashed attempt's round a resume drops
+        unusable = []
+        if (
+            lost is not None
+            and lost.server_round < before_round
+            and self._of_attempt(lost, attempt)
+        ):
+            unusable.append(f"the newest state could not be written: {failed}")
         kept = self._behind.kept
         if kept is not None and self._kept_is_newest(kept, before_round, attempt):
             if consume:
@@ -188,12 +196,16 @@ class Workspace:
     ) -> bool:
         """Whether the state kept in memory is the one the files would give now."""
         saved = [r for r in self._saved_rounds() if r < before_round]
-        if not saved or saved[-1] != kept.server_round:
-            return False
+        return bool(saved) and saved[-1] == kept.server_round and self._of_attempt(kept, attempt)
+
+    @staticmethod
+    def _of_attempt(state: SourceState, attempt: Attempt | None) -> bool:
+        """Whether ``state`` stands in ``attempt``: written by it, or in a round before the
+        checkpoint it resumed after (a crashed attempt's later rounds are re-run)."""
         return (
             attempt is None
-            or kept.server_round <= attempt.resumed_after
-            or kept.attempt == attempt.id
+            or state.server_round <= attempt.resumed_after
+            or state.attempt == attempt.id
         )
 
     def save_state(self, server_round: int, state: SourceState, base: int | None = None) -> None:

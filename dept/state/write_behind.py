@@ -27,12 +27,14 @@ class WriteBehind(Generic[T]):
     def __init__(self) -> None:
         self._thread: threading.Thread | None = None
         self._failure = ""
+        self._writing: T | None = None
         self.kept: T | None = None
+        self.lost: T | None = None  # the value of the last write that failed
 
     def start(self, write: Callable[[], None], value: T, name: str) -> None:
         """Wait for the write before, then run ``write`` in a thread and keep ``value``."""
         self.wait()
-        self.kept = value
+        self.kept = self._writing = value
         self._thread = threading.Thread(target=self._run, args=(write,), name=name)
         self._thread.start()
 
@@ -45,11 +47,13 @@ class WriteBehind(Generic[T]):
 
     def wait(self) -> str:
         """Wait for the write in progress; why it failed ("": it did not, or none ran). The
-        value of a failed write is not kept: it never reached the disk."""
+        value of a failed write is not kept, it never reached the disk: it is :attr:`lost`,
+        for the caller to judge whether it was one it needed."""
         if self._thread is not None:
             self._thread.join()
             self._thread = None
         failure, self._failure = self._failure, ""
+        self.lost = self._writing if failure else None
         if failure:
             self.kept = None
         return failure
