@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from dept.config import ConfigError, DeptConfig, to_run_config
 from dept.model.families import model_choice
-from dept.state.files import file_sha256, replace_dir, save_tensors
+from dept.state.files import file_sha256, remove_abandoned_writes, replace_dir, save_tensors
 from dept.state.strict_json import dumps
 
 if TYPE_CHECKING:  # dept run reads a checkpoint's JSON to resume without torch (a second)
@@ -82,6 +82,7 @@ def save_checkpoint(
     sums = "".join(f"{file_sha256(tmp / name)}  {name}\n" for name in (STATE_FILE, TENSORS_FILE))
     (tmp / DIGESTS_FILE).write_text(sums)
     replace_dir(tmp, final)  # a rerun of this round after a resume: the new one wins
+    remove_abandoned_writes(root, server_round)
     for old in _round_dirs(root)[:-KEEP]:
         shutil.rmtree(old, ignore_errors=True)
     return final

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import shutil
 import stat
 import threading
@@ -60,3 +61,19 @@ def replace_dir(tmp: Path, final: Path) -> None:
         final.replace(old)
     tmp.replace(final)
     shutil.rmtree(old, ignore_errors=True)
+
+
+# a round's folder written under a temporary name, or its old version renamed aside
+# (replace_dir): ".tmp-round-0007", ".old-round-0007"
+ROUND_IN_WRITING = re.compile(r"\.(?:tmp|old)-round-(\d+)")
+
+
+def remove_abandoned_writes(folder: Path, written: int) -> None:
+    """Remove the folders a writer killed mid-write left in ``folder`` for rounds before
+    ``written``, the round just written: its rounds are written in order by one process
+    at a time, so no live writer holds one (a killed worker's state, a killed server's
+    checkpoint; each can be as large as the model)."""
+    for path in folder.glob(".*-round-*"):
+        found = ROUND_IN_WRITING.fullmatch(path.name)
+        if found and int(found.group(1)) < written:
+            shutil.rmtree(path, ignore_errors=True)

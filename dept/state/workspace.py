@@ -59,7 +59,7 @@ from dept.data.token_stream import StreamPosition
 from dept.data.vocab import ensure_tokenizer
 from dept.model.families import INIT_STD
 from dept.model.variants import variant
-from dept.state.files import file_sha256, replace_dir, save_tensors
+from dept.state.files import file_sha256, remove_abandoned_writes, replace_dir, save_tensors
 from dept.state.write_behind import WriteBehind
 
 EMBEDDINGS_FILE = "embeddings.safetensors"
@@ -244,6 +244,7 @@ class Workspace:
         }
         (tmp / PROGRESS_FILE).write_text(json.dumps(progress))
         replace_dir(tmp, self._round_dir(server_round))
+        remove_abandoned_writes(self.dir, server_round)
         stale = [r for r in self._saved_rounds()[:-KEEP_ROUNDS] if r != base]
         if stale:
             _atomic(self.dir / PRUNED_FILE, lambda t: t.write_text(json.dumps(max(stale))))
