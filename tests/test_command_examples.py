@@ -142,7 +142,7 @@ RUN_BY: dict[str, str] = {
     "WANDB_MODE=offline dept run -c \"wandb-project='dept'\"": KILLED_WORKER,
     "dept run --resume outputs/dept": KILLED_WORKER,
     # docs/robustness.md
-    "python -m benchmarks.soak.fault_soak --work /tmp/soak --rounds 8 --faults 10 --loopback-supernodes": (
+    "python -m benchmarks.soak.fault_soak --work /tmp/soak --rounds 8 --faults 10 --loopback-supernodes --superlink-in-memory": (
         "tests/benchmarks/test_fault_soak.py::test_a_short_soak_of_ten_faults_loses_nothing"
         " (the same options, its folder the test's own)"
     ),

@@ -208,10 +208,17 @@ def test_many_soaks_show_each_one_and_their_faults_pooled_by_kind() -> None:
 @pytest.mark.timeout(1500)  # the soak's own limit (timeout_s) comes first, then its checks
 def test_a_short_soak_of_ten_faults_loses_nothing(tmp_path: Path) -> None:
     # the loopback SuperNodes: the same faults, each found in a third of Flower's heartbeat
-    # window (the hundred-fault soak, run by hand, keeps Flower's own)
+    # window, and the SuperLink's state in memory (the hundred-fault soak, run by hand,
+    # keeps Flower's heartbeats and the deployment's database file)
     work = tmp_path / "soak"
     opts = fault_soak.Options(
-        work, rounds=8, faults=10, seed=1, timeout_s=1200, loopback_supernodes=True
+        work,
+        rounds=8,
+        faults=10,
+        seed=1,
+        timeout_s=1200,
+        loopback_supernodes=True,
+        superlink_in_memory=True,
     )
     started = time.monotonic()
 

@@ -149,6 +149,8 @@ class Loopback:
     # pull every 0.5 s: server_app.flower_commands), not Flower's own (30 s, 3 s): a node
     # lost is found in 20 s, not a minute
     loopback_supernodes: bool = False
+    # the SuperLink's state in a database file, as deployed; False: Flower's in-memory store
+    database: bool = True
 
     def __post_init__(self) -> None:
         # A SIGTERM to pytest (a CI job cancelled) unwinds like Ctrl-C, so the fixture's
@@ -207,7 +209,8 @@ class Loopback:
     def start_superlink(self) -> None:
         args = ["flower-superlink", "--host", "127.0.0.1", "--port", str(self.port)]
         args += ["--isolation", "process", *self._secret()]
-        args += ["--database", str(self.root / "superlink.db")]
+        if self.database:
+            args += ["--database", str(self.root / "superlink.db")]
         args += ["--disable-runtime-dependency-installation"]
         if self.tls:
             args += ["--ssl-ca-certfile", str(self.tls.ca)]
