@@ -5,7 +5,8 @@
 # one SuperNode and its executor mid-round and recreate them on their state volume. Each
 # result is checked, and everything is taken down again, on failure too.
 #
-#   docker/smoke.sh        # needs the project installed (flwr, dept) and podman or docker
+#   docker/smoke.sh                # needs the project installed (flwr, dept) and podman or docker
+#   docker/smoke.sh --build-only   # the images alone (.ci/run makes them while it lints)
 #
 # ENGINE       podman or docker (default: podman if found, else docker)
 # PYTHON_BASE  a Debian image with python3 (docker/python-base.sh makes one): the images are
@@ -16,6 +17,8 @@
 # A torch wheel of the image's build in docker/wheels/ is installed instead of the index's
 # (superexec.Dockerfile).
 # Containers, networks and volumes are named dept-smoke-<pid>-*; the images keep their tags.
+# Two builds on one machine take turns (a lock in /tmp): they tag the same images, and the
+# second finds every layer the first made.
 set -euo pipefail
 
 DOCKER=$(cd "$(dirname "$0")" && pwd)
@@ -101,7 +104,9 @@ build() { # build IMAGE DOCKERFILE [BUILD-ARG...]: time and size go to builds.ts
 }
 
 build_images() {
-    local base=()
+    local base=() lock
+    exec {lock}>/tmp/dept-smoke-build.lock
+    flock "$lock"
     : >"$OUT/builds.tsv"
     if [ -n "${PYTHON_BASE:-}" ]; then
         build dept-flower/flwr-base:1.42.0 flwr-base.Dockerfile "PYTHON_BASE=$PYTHON_BASE"
@@ -114,6 +119,7 @@ build_images() {
     # no TORCH_WHEEL: the image finds a wheel of its torch build in docker/wheels itself
     build dept-flower/superexec:0.1.0 superexec.Dockerfile "${base[@]}"
     log "$(grep -m1 -o 'torch from .*' "$OUT/build-superexec.log" || echo 'torch: cached layer')"
+    exec {lock}>&-
 }
 
 # --- a federation --------------------------------------------------------------------------
@@ -270,6 +276,7 @@ mkdir -p "$WORK/data"
 
 log "building with $ENGINE${PYTHON_BASE:+ on $PYTHON_BASE}"
 build_images
+[ "${1:-}" != --build-only ] || exit 0
 log "TLS federation: node authentication, the gateway, an outsider, node-1 killed in round 2"
 tls_phase
 log "passed; logs, summaries and build times in $OUT"
