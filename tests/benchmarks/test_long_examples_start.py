@@ -43,9 +43,11 @@ sources:
   - {name: ru-chekhov, path: 'builtin:synthetic-cyrillic', vocab-size: 400}
 """
 FIRST_ROUND = r"round 0/\d+ done: avg val bpb \d"
-# a comparison's first run's first round: "[spec lr 0.004] round 0/27 done: avg val bpb …"
-# from a DEPT run, "[std-0 lr 0.004] round 1: avg val bpb …" from a STD one
-A_RUNS_ROUND = r"\] round \d+(/\d+ done)?: avg val bpb \d"
+# a comparison's first run under way: its first round ("[spec lr 0.004] round 0/27 done: avg
+# val bpb …" from a DEPT run, "[std-0 lr 0.004] round 1: avg val bpb …" from a STD one), or a
+# training step before it ("[std-0 lr 0.004] STD τ=0 round 1: step 10/40 (global 10) loss …",
+# half a STD round sooner: a round line waits for its whole first round)
+A_RUNS_ROUND = r"\] (round \d+(/\d+ done)?: avg val bpb \d|.*round \d+\S*: step \d+/\d+ \(global \d+\) loss \d)"
 FIRST_LINE_S = 300.0  # on 2 busy cores; each shows it within 5-30 s on an idle machine
 STOPPED_S = 60.0
 
