@@ -77,8 +77,8 @@ class Options:
     # same faults, found three times sooner; the long soak runs Flower's own
     loopback_supernodes: bool = False
     # the SuperLink's state in Flower's in-memory store, not the database file a deployment
-    # keeps (no fault here touches the SuperLink): at the loopback nodes' pull rate the
-    # file's SQL took a third of a core, a quarter of the CI soak's CPU
+    # keeps (no fault here touches the SuperLink): the file's SQL took a third of a core, a
+    # quarter of the CI soak's CPU (docs/robustness.md)
     superlink_in_memory: bool = False
     kinds: tuple[str, ...] = inject.KINDS
     timeout_s: float = MIN_TIMEOUT_S
